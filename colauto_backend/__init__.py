@@ -1,0 +1,10 @@
+"""colauto: a torch.compile backend that plans parallelism and recomputation from a symbolic cost model.
+
+    torch.compile(model, backend="colauto")           # found through the torch_dynamo_backends entry point
+    colauto_backend.profile(model, *example_inputs)   # the cost model, without running the model
+"""
+from .backend import colauto
+from .config import Config, ConfigError
+from .profile import Profile, profile
+
+__all__ = ["colauto", "profile", "Profile", "Config", "ConfigError"]

@@ -1,0 +1,78 @@
+"""The one place colauto touches private PyTorch APIs (torch 2.11-2.13). A torch upgrade edits this file."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import sympy
+import torch
+from torch._dynamo.backends.common import aot_autograd          # noqa: F401  (re-exported)
+from torch._dynamo.backends.debugging import boxed_nop          # boxed call: frees inputs at last use
+from torch._dynamo.exc import BackendCompilerFailed
+from torch._functorch.partitioners import default_partition    # noqa: F401  (re-exported)
+from torch.fx.experimental import _config as fx_config
+
+
+def run_as_aten(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Run a partitioned graph op by op; inputs and intermediates are freed after their last use."""
+    return boxed_nop(gm, example_inputs)
+
+
+def inductor_decompositions() -> dict:
+    from torch._inductor.decomposition import select_decomp_table
+    return select_decomp_table()
+
+
+def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
+                      is_inference: bool = False) -> Callable:
+    """Hand an already-partitioned aten graph to Inductor's code generation (no re-partition)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
+
+
+def shape_env_of(graph: torch.fx.Graph):
+    for n in graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
+            return val.fake_mode.shape_env
+    return None
+
+
+def symbol_hints(shape_env) -> dict[sympy.Symbol, int]:
+    """Size symbol -> its example value (`backed_var_to_val` in 2.13, `var_to_val` before)."""
+    if shape_env is None:
+        return {}
+    table = getattr(shape_env, "backed_var_to_val", None)
+    if table is None:
+        table = shape_env.var_to_val
+    return {s: int(v) for s, v in table.items()}
+
+
+def symbol_sources(shape_env) -> dict[sympy.Symbol, tuple[str, int]]:
+    """Size symbol -> (forward argument name, dim) for symbols that are an input tensor's size."""
+    from torch._dynamo.source import LocalSource, TensorProperty, TensorPropertySource
+    out: dict[sympy.Symbol, tuple[str, int]] = {}
+    for s, sources in (getattr(shape_env, "var_to_sources", None) or {}).items():
+        for src in sources:
+            if (isinstance(src, TensorPropertySource) and src.prop == TensorProperty.SIZE
+                    and isinstance(src.base, LocalSource)):
+                out[s] = (src.base.local_name, int(src.idx))
+                break
+    return out
+
+
+def no_duck_sizing():
+    """Equal example sizes (B == T) must stay separate symbols."""
+    return fx_config.patch(use_duck_shape=False)
+
+
+def unwrap_backend_error(exc: BaseException) -> BaseException:
+    return exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
+
+
+def register_flop_formula(op: Any, fn: Callable) -> None:
+    """Give FlopCounterMode a formula it lacks (e.g. CPU flash attention); `fn` gets the raw tensors."""
+    from torch.utils import flop_counter
+    if getattr(op, "overloadpacket", op) not in flop_counter.flop_registry:
+        flop_counter.register_flop_formula(op, get_raw=True)(fn)
+
+

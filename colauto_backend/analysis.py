@@ -1,0 +1,127 @@
+"""The cost model of one captured graph: cost table + memory timeline, evaluated at any sizes.
+
+`Analysis.evaluate(subs)` turns the symbolic model into numbers by substituting the few basis terms
+and doing matrix products; nothing is traced or walked again, which is what makes `Profile.at` cheap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import numpy as np
+import sympy
+import torch.fx as fx
+
+from .cost import memory, table
+from .cost.device import DeviceSpec
+from .cost.poly import Basis
+from .cost.shapes import Expr
+
+SYMBOLIC_KEYS = ("flops_fwd", "flops_bwd", "saved_activation_bytes", "param_bytes", "grad_bytes",
+                 "optimizer_state_bytes", "input_bytes")
+
+
+@dataclasses.dataclass
+class Analysis:
+    costs: table.CostTable
+    timeline: memory.Timeline
+    basis: Basis
+    device: DeviceSpec
+    optimizer: str
+    names: dict[sympy.Symbol, sympy.Symbol]   # graph symbol (s77) -> readable one (idx_0)
+    hints: dict[sympy.Symbol, int]           # graph symbol -> example size
+    cost_s: float
+
+    def symbolic(self) -> dict[str, Expr]:
+        """Totals as sympy expressions over the readable size symbols."""
+        fwd = np.array([n.phase == "fwd" for n in self.costs.nodes])
+        k = len(self.basis.terms)
+        flops = table._pad(self.costs.flops, k)
+        tl = self.timeline
+        exprs = {
+            "flops_fwd": self.basis.expr(flops[fwd].sum(0)),
+            "flops_bwd": self.basis.expr(flops[~fwd].sum(0)),
+            "saved_activation_bytes": tl.saved, "param_bytes": tl.params, "grad_bytes": tl.grads,
+            "optimizer_state_bytes": tl.optimizer_state, "input_bytes": tl.inputs,
+        }
+        return {key: sympy.sympify(e).xreplace(self.names) for key, e in exprs.items()}
+
+    def evaluate(self, subs: dict[sympy.Symbol, int]) -> dict:
+        """Every number of a Profile at the sizes `subs` (graph symbol -> int)."""
+        values = self.basis.values(subs)
+        k = len(values)
+        fwd = np.array([n.phase == "fwd" for n in self.costs.nodes], dtype=bool)
+        node_flops = table._pad(self.costs.flops, k) @ values
+        times = self.costs.node_times(values, self.device)
+        mem = self.timeline.rows @ values if len(self.timeline.rows) else np.zeros(1)
+        peak_i = int(np.argmax(mem))
+        ev = lambda e: int(round(float(sympy.sympify(e).xreplace(subs))))  # noqa: E731
+        params, grads, opt = ev(self.timeline.params), ev(self.timeline.grads), ev(self.timeline.optimizer_state)
+        opt_time = _optimizer_moved(self.optimizer, params, grads, opt) / self.device.bandwidth
+        return {
+            "flops_fwd": int(round(node_flops[fwd].sum())),
+            "flops_bwd": int(round(node_flops[~fwd].sum())),
+            "saved_activation_bytes": ev(self.timeline.saved),
+            "peak_memory_bytes": int(round(mem[peak_i])),
+            "peak_at": self.timeline.labels[peak_i] if self.timeline.labels else "",
+            "param_bytes": params, "grad_bytes": grads, "optimizer_state_bytes": opt,
+            "input_bytes": ev(self.timeline.inputs),
+            "est_step_time_s": float(times.sum() + opt_time),
+            "est_fwd_time_s": float(times[fwd].sum()),
+            "est_bwd_time_s": float(times[~fwd].sum()),
+            "est_optimizer_time_s": float(opt_time),
+            "unknown_cost_ops": self.costs.unknown_ops(),
+            "_node_flops": node_flops, "_node_times": times, "_values": values,
+        }
+
+    def layers(self, subs: dict[sympy.Symbol, int]) -> list[dict]:
+        """Per-layer rows: module path (cut after the first layer index), FLOPs, saved bytes, time."""
+        ev = self.evaluate(subs)
+        rows: dict[str, dict] = {}
+        name_to_layer = {}
+        for n, f, t in zip(self.costs.nodes, ev["_node_flops"], ev["_node_times"]):
+            layer = layer_of(n.module)
+            name_to_layer[n.name] = layer
+            r = rows.setdefault(layer, {"module": layer, "flops": 0, "activation_bytes": 0,
+                                        "est_time_s": 0.0, "unknown_ops": 0})
+            r["flops"] += int(round(f))
+            r["est_time_s"] += float(t)
+            r["unknown_ops"] += n.kind == "unknown"
+        for name, expr in self.timeline.saved_nodes:
+            layer = name_to_layer.get(name, "(inputs)")
+            r = rows.setdefault(layer, {"module": layer, "flops": 0, "activation_bytes": 0,
+                                        "est_time_s": 0.0, "unknown_ops": 0})
+            r["activation_bytes"] += int(round(float(sympy.sympify(expr).xreplace(subs))))
+        return list(rows.values())
+
+
+def layer_of(path: str) -> str:
+    """'transformer.h.3.attn.c_proj' -> 'transformer.h.3'; paths without an index are kept whole."""
+    parts = path.split(".") if path else ["(top level)"]
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:2])
+
+
+def _optimizer_moved(optimizer: str, params: int, grads: int, opt: int) -> int:
+    """Bytes an optimizer step reads and writes: AdamW reads p, g, m, v and writes p, m, v."""
+    if optimizer.startswith("adamw"):
+        return 2 * params + grads + 2 * opt
+    if optimizer == "sgd":
+        return 2 * params + grads
+    return 0
+
+
+def analyze(joint: fx.GraphModule, fw: fx.GraphModule | None, bw: fx.GraphModule | None, *,
+            num_fwd_outputs: int, param_indices: Sequence[int], device: DeviceSpec, optimizer: str,
+            names: dict, hints: dict) -> Analysis:
+    """Build the symbolic cost model (timed: this is `timings['cost_s']`)."""
+    start = time.perf_counter()
+    basis = Basis()
+    costs = table.build(joint.graph, basis)
+    timeline = memory.simulate_step(fw if fw is not None else joint, bw, param_indices=param_indices,
+                                    num_fwd_outputs=num_fwd_outputs, basis=basis, device=device,
+                                    optimizer=optimizer if bw is not None else "none")
+    return Analysis(costs, timeline, basis, device, optimizer, names, hints, time.perf_counter() - start)

@@ -1,0 +1,80 @@
+"""The Dynamo entry point: `torch.compile(model, backend="colauto")`.
+
+Wires AOTAutograd: our partition_fn sees the joint forward+backward graph, builds the symbolic cost
+model on it, partitions it, and hands the halves to the chosen code generation. Nothing else lives here.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from . import _torch_compat as compat
+from . import config as cfg
+from . import report
+from .analysis import Analysis, analyze
+from .cost.device import resolve
+
+# Every analysis the backend made, newest last (read by `profile`, the report and tests).
+ANALYSES: list[Analysis] = []
+
+
+def colauto(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
+    """torch.compile backend. `options=` keys override the COLAUTO_* environment (see config.py)."""
+    config = cfg.load(kwargs.get("options"))
+    return make_backend(config)(gm, example_inputs)
+
+
+def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None) -> Callable:
+    """A backend closure for one Config. `on_analysis` is told each analysis (profile() uses it)."""
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        device = resolve(config.device, next((t for t in example_inputs if isinstance(t, torch.Tensor)), None))
+
+        def record(joint, fw, bw, num_fwd_outputs, params):
+            env = compat.shape_env_of(joint.graph)
+            names = {s: _readable(s, src) for s, src in compat.symbol_sources(env).items()}
+            analysis = analyze(joint, fw, bw, num_fwd_outputs=num_fwd_outputs, param_indices=params,
+                               device=device, optimizer=config.optimizer, names=names,
+                               hints=compat.symbol_hints(env))
+            ANALYSES.append(analysis)
+            if on_analysis is not None:
+                on_analysis(analysis)
+            report.emit(analysis, config.report)
+
+        def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **kw):
+            fw, bw = compat.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                              static_lifetime_input_indices=static_lifetime_input_indices)
+            record(joint, fw, bw, num_fwd_outputs, static_lifetime_input_indices or [])
+            return fw, bw
+
+        params = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
+
+        def inference(gm_inf, inputs):  # no_grad: AOT keeps Dynamo's input order, so params are known
+            record(gm_inf, None, None, 0, params)
+            return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
+
+        codegen = _codegen(config.codegen)
+        return compat.aot_autograd(
+            fw_compiler=functools.partial(codegen, is_backward=False),
+            bw_compiler=functools.partial(codegen, is_backward=True),
+            inference_compiler=inference,
+            partition_fn=partition,
+            decompositions=compat.inductor_decompositions() if config.codegen == "inductor" else {},
+        )(gm, example_inputs)
+    return backend
+
+
+def _codegen(name: str) -> Callable:
+    if name == "inductor":
+        return compat.run_with_inductor
+
+    def aten(gm, inputs, *, is_backward, is_inference=False):
+        return compat.run_as_aten(gm, inputs)
+    return aten
+
+
+def _readable(symbol, source: tuple[str, int]):
+    import sympy
+    name, dim = source
+    return sympy.Symbol(f"{name}_{dim}", integer=True, positive=True)

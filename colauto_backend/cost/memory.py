@@ -1,0 +1,230 @@
+"""Liveness simulation of a whole training step: which storages the allocator holds after each op.
+
+The step runs as the partitioned graphs run: forward (boxed call: intermediates freed after their last
+use), backward (saved tensors freed after their last use there), then the optimizer. What stays alive
+throughout: parameters, optimizer state, the user's batch, and, from their creation in backward, the
+gradients. Assumptions (stated in the README): steady state (step >= 2, so optimizer state exists),
+gradients set to None before forward (`zero_grad(set_to_none=True)`), and
+  adamw          fused AdamW: two moments of the parameter's dtype + one step scalar per parameter,
+  adamw_foreach  the same plus one parameter-sized temporary (torch._foreach_sqrt of exp_avg_sq),
+  sgd            no state (momentum off), none: no optimizer step.
+Views share their base's storage; in-place ops write into their input. Constant sizes are rounded up
+to the allocator's granularity; symbolic ones are not (they are large and already multiples of it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from .device import DeviceSpec
+from .flops import is_aliasing
+from .poly import Basis
+from .shapes import Expr, storage_nbytes, sym, tensors_in
+
+
+@dataclasses.dataclass
+class Timeline:
+    """Memory in use after each event of the step, as rows over `basis` (bytes)."""
+    rows: np.ndarray
+    labels: list[str]           # "fwd:node", "bwd:node", "optimizer"
+    params: Expr
+    grads: Expr
+    optimizer_state: Expr
+    saved: Expr                 # activations the forward keeps for backward (no parameter aliases)
+    saved_nodes: list[tuple[str, Expr]]   # (forward node, bytes) of each saved storage, counted once
+    inputs: Expr
+
+
+class _Sim:
+    def __init__(self, basis: Basis, device: DeviceSpec) -> None:
+        self.basis, self.device = basis, device
+        self.size: list[tuple] = []           # storage id -> sparse size
+        self.refs: list[int] = []             # storage id -> live references
+        self.state = np.zeros(0)
+        self.rows: list[np.ndarray] = []
+        self.labels: list[str] = []
+
+    def _vec(self, sparse) -> np.ndarray:
+        v = np.zeros(len(self.basis.terms))
+        for j, c in sparse:
+            v[j] += c
+        return v
+
+    def _grow(self) -> None:
+        if len(self.state) < len(self.basis.terms):
+            self.state = np.pad(self.state, (0, len(self.basis.terms) - len(self.state)))
+
+    def new(self, nbytes: Expr, held: bool = False) -> int:
+        if not nbytes.free_symbols and self.device.alloc_round > 1:
+            r = self.device.alloc_round
+            nbytes = sym(-(-int(nbytes) // r) * r)
+        self.size.append(self.basis.sparse(nbytes))
+        self.refs.append(1 if held else 0)
+        self._grow()
+        self.state += self._vec(self.size[-1])
+        return len(self.size) - 1
+
+    def ref(self, sid: int, n: int = 1) -> None:
+        self.refs[sid] += n
+
+    def unref(self, sid: int) -> None:
+        self.refs[sid] -= 1
+        if self.refs[sid] == 0:
+            self._grow()
+            self.state -= self._vec(self.size[sid])
+
+    def record(self, label: str) -> None:
+        self._grow()
+        self.rows.append(self.state.copy())
+        self.labels.append(label)
+
+    def run(self, graph: fx.Graph, tag: str, env: dict[str, list[int]], placeholders_held: bool) -> list[list[int]]:
+        """Simulate one graph. env: placeholder name -> storages (given by the caller, already referenced
+        once per placeholder). Returns the storages of each graph output, each referenced once more."""
+        nodes = list(graph.nodes)
+        last_use: dict[fx.Node, fx.Node] = {}
+        for n in nodes:
+            for a in n.all_input_nodes:
+                last_use[a] = n
+        out_node = nodes[-1]
+        stor: dict[fx.Node, list[int]] = {}
+        for n in nodes:
+            if n.op == "placeholder":
+                stor[n] = env.get(n.name, [])
+                if not placeholders_held and n not in last_use:
+                    self._release(stor[n])
+                continue
+            if n.op == "output":
+                break
+            stor[n] = self._outputs(n, stor)
+            self.record(f"{tag}:{n.name}")
+            if n not in last_use:            # computed but unused: freed at once
+                self._release(stor[n])
+            for a in n.all_input_nodes:
+                if last_use.get(a) is n and (a.op != "placeholder" or not placeholders_held):
+                    self._release(stor[a])
+        results = []
+        for a in out_node.args[0]:
+            sids = stor.get(a, []) if isinstance(a, fx.Node) else []
+            for s in sids:
+                self.ref(s)
+            results.append(sids)
+        # the graph's own references end when it returns
+        for a in set(x for x in out_node.all_input_nodes):
+            if last_use.get(a) is out_node and (a.op != "placeholder" or not placeholders_held):
+                self._release(stor[a])
+        return results
+
+    def _release(self, sids: list[int]) -> None:
+        for s in sids:
+            self.unref(s)
+
+    def _outputs(self, n: fx.Node, stor: dict[fx.Node, list[int]]) -> list[int]:
+        if n.target is operator.getitem:
+            parent, idx = n.args[0], n.args[1]
+            sids = stor[parent]
+            sid = _nth_tensor_storage(parent, idx, sids)
+            if sid is None:
+                return []
+            self.ref(sid)
+            return [sid]
+        val = n.meta.get("val")
+        op = n.target
+        aliases = isinstance(op, torch._ops.OpOverload) and (is_aliasing(op) or any(
+            r.alias_info is not None for r in op._schema.returns))
+        if aliases:  # views and in-place ops: the output is the first tensor input's storage
+            src = next((a for a in n.all_input_nodes if stor.get(a)), None)
+            sids = list(stor[src][:1]) if src is not None else []
+            for s in sids:
+                self.ref(s)
+            return sids
+        return [self.new(storage_nbytes(t)) for t in tensors_in(val)]
+
+
+def _nth_tensor_storage(parent: fx.Node, idx: int, sids: list[int]) -> int | None:
+    vals = parent.meta.get("val")
+    if not isinstance(vals, (tuple, list)) or not isinstance(vals[idx], torch.Tensor):
+        return None
+    pos = sum(1 for v in vals[:idx] if isinstance(v, torch.Tensor))
+    return sids[pos] if pos < len(sids) else None
+
+
+def _placeholder_bytes(n: fx.Node) -> Expr:
+    val = n.meta.get("val")
+    return storage_nbytes(val) if isinstance(val, torch.Tensor) else sym(0)
+
+
+def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indices: Sequence[int],
+                  num_fwd_outputs: int, basis: Basis, device: DeviceSpec, optimizer: str) -> Timeline:
+    """Memory in use through forward, backward and the optimizer step (see module docstring)."""
+    sim = _Sim(basis, device)
+    fw_ph = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    params = set(param_indices)
+    total = {"params": sym(0), "inputs": sym(0), "grads": sym(0), "opt": sym(0), "saved": sym(0)}
+    env: dict[str, list[int]] = {}
+    for i, n in enumerate(fw_ph):
+        if not isinstance(n.meta.get("val"), torch.Tensor):
+            continue
+        nb = _placeholder_bytes(n)
+        total["params" if i in params else "inputs"] += nb
+        env[n.name] = [sim.new(nb, held=True)]   # parameters by the module, the batch by the user
+    grad_of = _trainable(fw_ph, bw, params)
+    trainable_bytes = sum((_placeholder_bytes(fw_ph[i]) for i in grad_of), sym(0))
+    if optimizer in ("adamw", "adamw_foreach"):
+        total["opt"] = 2 * trainable_bytes
+        sim.new(total["opt"], held=True)
+        for _ in grad_of:                      # step counters: one scalar tensor per parameter
+            sim.new(sym(4), held=True)
+    if device.workspace_bytes:
+        sim.new(sym(device.workspace_bytes), held=True)
+    sim.record("start")
+    fw_out = sim.run(fw.graph, "fwd", env, placeholders_held=True)
+    param_sids = {s for n in fw_ph for s in env.get(n.name, [])}
+    if bw is not None:
+        out_nodes = list(fw.graph.nodes)[-1].args[0]
+        saved_env: dict[str, list[int]] = {}
+        seen: set[int] = set()
+        saved_nodes: list[tuple[str, Expr]] = []
+        for node, sids in zip(out_nodes[num_fwd_outputs:], fw_out[num_fwd_outputs:]):
+            if isinstance(node, fx.Node):
+                saved_env[node.name] = sids
+                for s in sids:
+                    if s not in param_sids and s not in seen:
+                        seen.add(s)
+                        saved_nodes.append((node.name, _size_expr(basis, sim.size[s])))
+        for n in bw.graph.nodes:   # tangents: allocated by autograd, held by the backward alone
+            if n.op == "placeholder" and n.name not in saved_env and isinstance(n.meta.get("val"), torch.Tensor):
+                saved_env[n.name] = [sim.new(_placeholder_bytes(n))]
+                sim.ref(saved_env[n.name][0])
+        # each saved value's forward-output reference passes to the backward placeholder of that name
+        sim.run(bw.graph, "bwd", saved_env, placeholders_held=False)   # grads stay referenced
+        total["grads"] = trainable_bytes
+        total["saved"] = sum((e for _, e in saved_nodes), sym(0))
+        if optimizer == "adamw_foreach":
+            sim.new(trainable_bytes)
+        if optimizer != "none":
+            sim.record("optimizer")
+    return Timeline(rows=np.array([np.pad(r, (0, len(basis.terms) - len(r))) for r in sim.rows]),
+                    labels=sim.labels, params=total["params"], grads=total["grads"],
+                    optimizer_state=total["opt"], saved=total["saved"], inputs=total["inputs"],
+                    saved_nodes=saved_nodes if bw is not None else [])
+
+
+def _size_expr(basis: Basis, sparse) -> Expr:
+    v = np.zeros(len(basis.terms))
+    for j, c in sparse:
+        v[j] += c
+    return basis.expr(v)
+
+
+def _trainable(fw_ph: list[fx.Node], bw: fx.GraphModule | None, params: set[int]) -> list[int]:
+    """Indices of parameters that get a gradient (the backward's outputs follow the primals' order)."""
+    if bw is None:
+        return []
+    grads = list(bw.graph.nodes)[-1].args[0]
+    return [i for i in sorted(params) if i < len(grads) and grads[i] is not None]

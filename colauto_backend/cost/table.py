@@ -1,0 +1,143 @@
+"""Per-node symbolic costs of a joint (or inference) graph: FLOPs, bytes read/written, output bytes.
+
+One `NodeCost` per call node, kept in `node.meta['colauto_cost']` and in a `CostTable` whose
+matrices (nodes x basis terms) let any total be evaluated at new sizes by one product. Costs are
+cached per (op, argument signature), so the 2nd..Nth copy of a repeated layer costs a dict lookup.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from . import flops as F
+from .device import DeviceSpec
+from .poly import Basis
+from .shapes import Expr, ZERO, nbytes, shape, tensors_in
+
+META_KEY = "colauto_cost"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCost:
+    name: str
+    op: str
+    kind: str        # matmul | memory | view | unknown (see flops.classify)
+    phase: str       # fwd | bwd
+    module: str      # module path of the forward code this node comes from ("" if none)
+    shape: str
+    flops: Expr
+    read: Expr
+    written: Expr
+    half: bool       # 16-bit inputs: the device's low-precision matmul rate applies
+
+
+@dataclasses.dataclass
+class CostTable:
+    nodes: list[NodeCost]
+    basis: Basis
+    flops: np.ndarray      # (n_nodes, n_terms)
+    moved: np.ndarray      # bytes read + written
+    launches: np.ndarray   # 1 where the node launches a kernel
+    half: np.ndarray       # True where the low-precision matmul rate applies
+
+    def unknown_ops(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            if n.kind == "unknown":
+                counts[n.op] = counts.get(n.op, 0) + 1
+        return counts
+
+    def node_times(self, values: np.ndarray, device: DeviceSpec) -> np.ndarray:
+        """Roofline seconds per node at sizes whose basis values are `values` (max of compute, bytes)."""
+        k = len(values)
+        f = _pad(self.flops, k) @ values
+        b = _pad(self.moved, k) @ values
+        rate = np.where(self.half, device.matmul_flops, device.matmul_flops_fp32)
+        return np.maximum(f / rate, b / device.bandwidth) + self.launches * device.launch_s
+
+
+def _pad(mat: np.ndarray, k: int) -> np.ndarray:
+    """Columns for basis terms added after the matrix was built are zero."""
+    return np.pad(mat, ((0, 0), (0, k - mat.shape[1]))) if mat.shape[1] < k else mat
+
+
+def _val(a: Any) -> Any:
+    if isinstance(a, fx.Node):
+        return a.meta.get("val")
+    if isinstance(a, (list, tuple)):
+        return type(a)(_val(x) for x in a)
+    return a
+
+
+def _signature(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (shape(a), a.dtype)
+    if isinstance(a, (list, tuple)):
+        return tuple(_signature(x) for x in a)
+    if isinstance(a, torch.SymInt):
+        return a.node.expr
+    return a if isinstance(a, (int, float, bool, str, type(None), torch.dtype)) else repr(a)
+
+
+_cache: dict[Any, tuple[str, Expr, Expr, Expr]] = {}
+
+
+def _node_cost(n: fx.Node) -> tuple[str, Expr, Expr, Expr]:
+    args, kwargs, out = _val(n.args), {k: _val(v) for k, v in n.kwargs.items()}, n.meta.get("val")
+    key = (n.target, _signature(args), _signature(tuple(sorted(kwargs.items()))), _signature(out))
+    hit = _cache.get(key)
+    if hit is None:
+        kind = F.classify(n.target)
+        if kind == "view":
+            hit = (kind, ZERO, ZERO, ZERO)
+        else:
+            read = sum((nbytes(t) for t in tensors_in(list(args)) + [
+                t for v in kwargs.values() for t in tensors_in(v)]), ZERO)
+            written = sum((nbytes(t) for t in tensors_in(out)), ZERO)
+            hit = (kind, F.flops(n.target, args, kwargs, out), read, written)
+        _cache[key] = hit
+    return hit
+
+
+_PATH_HEAD = re.compile(r"^L\['[^']*'\]\.?")
+
+
+def module_path(n: fx.Node) -> str:
+    """'transformer.h.3.attn' from Dynamo's nn_module_stack (forward) or fwd_nn_module_stack (backward)."""
+    stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = _PATH_HEAD.sub("", path)
+    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    return re.sub(r"\['([^']*)'\]", r".\1", path).lstrip(".")
+
+
+def build(graph: fx.Graph, basis: Basis) -> CostTable:
+    """Cost every call node of `graph` (nodes tagged is_backward count as the backward phase)."""
+    nodes, f_rows, m_rows, launches = [], [], [], []
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        kind, fl, rd, wr = _node_cost(n)
+        phase = "bwd" if n.meta.get("partitioner_tag") == "is_backward" else "fwd"
+        half = any(t.dtype in (torch.bfloat16, torch.float16) for t in tensors_in(list(_val(n.args))))
+        cost = NodeCost(n.name, str(n.target), kind, phase, module_path(n), _shape_str(n), fl, rd, wr, half)
+        n.meta[META_KEY] = cost
+        nodes.append(cost)
+        f_rows.append(basis.sparse(fl))
+        m_rows.append(basis.sparse(rd + wr))
+        launches.append(0.0 if kind == "view" else 1.0)
+    return CostTable(nodes, basis, basis.dense(f_rows), basis.dense(m_rows), np.array(launches),
+                     np.array([n.half for n in nodes], dtype=bool))
+
+
+def _shape_str(n: fx.Node) -> str:
+    ts = tensors_in(n.meta.get("val"))
+    return "x".join(str(d) for d in shape(ts[0])) if ts else ""

@@ -1,0 +1,124 @@
+"""`profile(model, *example_inputs)`: the symbolic cost model of one training step, without running it.
+
+The model is captured exactly as `torch.compile(model, backend="colauto")` captures it (Dynamo, then
+AOTAutograd's joint graph), with every input dimension symbolic; capture stops after the cost model is
+built, so no kernel runs (a model on the meta device works). `Profile.at(*inputs)` re-evaluates the
+same model at other sizes by substitution only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import time
+from typing import Any
+
+import sympy
+import torch
+
+from . import _torch_compat as compat
+from . import config as cfg
+from .analysis import Analysis
+from .backend import make_backend
+
+
+class _Captured(Exception):
+    """Raised from inside the backend to stop compilation once the analysis exists."""
+
+
+@dataclasses.dataclass
+class Profile:
+    flops_fwd: int
+    flops_bwd: int
+    saved_activation_bytes: int
+    peak_memory_bytes: int
+    est_step_time_s: float
+    details: dict                      # every other evaluated number (memory parts, phase times, ...)
+    sizes: dict[str, int]              # readable size symbol -> value these numbers are for
+    timings: dict[str, float]          # cost_s: cost model only; trace_s: Dynamo + AOT capture; at_s
+    _analysis: Analysis = dataclasses.field(repr=False)
+    _arg_names: list[str] = dataclasses.field(repr=False)
+
+    @property
+    def symbolic(self) -> dict[str, sympy.Expr]:
+        """The same keys as sympy expressions over the size symbols (peak: at the example's peak step)."""
+        exprs = self._analysis.symbolic()
+        a = self._analysis
+        peak_row = a.timeline.rows[a.timeline.labels.index(self.details["peak_at"])]
+        exprs["peak_memory_bytes"] = a.basis.expr(peak_row).xreplace(a.names)
+        return exprs
+
+    def at(self, *inputs: Any, **kw_inputs: Any) -> "Profile":
+        """The profile for inputs of other sizes (same call signature as the model), by substitution."""
+        start = time.perf_counter()
+        bound = dict(zip(self._arg_names, inputs)) | kw_inputs
+        subs = {}
+        for symbol, (name, dim) in compat_sources(self._analysis).items():
+            if name not in bound:
+                raise ValueError(f"Profile.at: input {name!r} is missing; pass the model's inputs as for the profile")
+            subs[symbol] = int(bound[name].shape[dim])
+        return _make(self._analysis, subs, self._arg_names,
+                     dict(self.timings, at_s=time.perf_counter() - start))
+
+    def to_json(self) -> str:
+        data = {k: getattr(self, k) for k in ("flops_fwd", "flops_bwd", "saved_activation_bytes",
+                                              "peak_memory_bytes", "est_step_time_s", "sizes", "timings")}
+        data["details"] = self.details
+        data["symbolic"] = {k: str(v) for k, v in self.symbolic.items()}
+        return json.dumps(data, indent=1)
+
+    def report(self) -> str:
+        from . import report
+        return report.render(report.summary(self._analysis, self._subs()))
+
+    def _subs(self) -> dict:
+        back = {str(v): k for k, v in self._analysis.names.items()}
+        return {back[k]: v for k, v in self.sizes.items()}
+
+
+def compat_sources(analysis: Analysis) -> dict:
+    return {s: (str(r).rsplit("_", 1)[0], int(str(r).rsplit("_", 1)[1])) for s, r in analysis.names.items()}
+
+
+def _make(analysis: Analysis, subs: dict, arg_names: list[str], timings: dict) -> Profile:
+    ev = analysis.evaluate(subs)
+    head = ("flops_fwd", "flops_bwd", "saved_activation_bytes", "peak_memory_bytes", "est_step_time_s")
+    details = {k: v for k, v in ev.items() if k not in head and not k.startswith("_")}
+    sizes = {str(analysis.names.get(s, s)): v for s, v in subs.items() if s in analysis.names}
+    return Profile(**{k: ev[k] for k in head}, details=details, sizes=sizes, timings=timings,
+                   _analysis=analysis, _arg_names=arg_names)
+
+
+def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None = None) -> Profile:
+    """Capture `model` as torch.compile would and build its cost model at these example sizes.
+
+    Every dimension of every tensor input becomes a size symbol (sizes 0 and 1 are specialized by
+    Dynamo, so give examples of size >= 2). The model must compile to one graph (no graph breaks).
+    """
+    config = cfg.load(options)
+    arg_names = [p for p in inspect.signature(model.forward).parameters][: len(example_inputs)]
+    captured: list[Analysis] = []
+
+    def stop(analysis: Analysis) -> None:
+        captured.append(analysis)
+        raise _Captured()
+
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor):
+            for d in range(t.dim()):
+                torch._dynamo.maybe_mark_dynamic(t, d)
+    compiled = torch.compile(model, backend=make_backend(config, on_analysis=stop), fullgraph=True)
+    start = time.perf_counter()
+    try:
+        with compat.no_duck_sizing():
+            out = compiled(*example_inputs)
+            if isinstance(out, torch.Tensor) and out.requires_grad:  # not reached: capture stops first
+                raise AssertionError("colauto.profile: the backend ran without analysing the graph")
+    except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
+        if not isinstance(compat.unwrap_backend_error(exc), _Captured):
+            raise
+    if not captured:
+        raise RuntimeError("colauto.profile: the model produced no graph to profile (is forward empty?)")
+    analysis = captured[0]
+    trace_s = time.perf_counter() - start - analysis.cost_s
+    return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "trace_s": trace_s})

@@ -1,0 +1,77 @@
+"""COLAUTO_REPORT output: a per-layer table and totals (printed on rank 0), or the same as JSON."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .analysis import Analysis
+
+
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_flops(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f}"
+
+
+def summary(analysis: "Analysis", subs: dict | None = None) -> dict:
+    """The report as plain data: totals, per-layer rows, sizes and unknown-cost ops."""
+    subs = analysis.hints if subs is None else subs
+    ev = analysis.evaluate(subs)
+    totals = {k: v for k, v in ev.items() if not k.startswith("_")}
+    sizes = {str(analysis.names.get(s, s)): v for s, v in subs.items()}
+    return {"device": analysis.device.name, "optimizer": analysis.optimizer, "sizes": sizes,
+            "totals": totals, "layers": analysis.layers(subs),
+            "cost_model_s": analysis.cost_s}
+
+
+def render(data: dict) -> str:
+    t = data["totals"]
+    lines = [f"colauto cost model  (device preset {data['device']}, optimizer {data['optimizer']}, "
+             f"sizes {data['sizes'] or 'static'}, built in {data['cost_model_s'] * 1e3:.0f} ms)",
+             f"{'module':<40} {'FLOPs':>12} {'activations':>12} {'est. time':>11}"]
+    for r in data["layers"]:
+        unknown = f"  ({r['unknown_ops']} ops of unknown cost)" if r["unknown_ops"] else ""
+        lines.append(f"{r['module'][:40]:<40} {fmt_flops(r['flops']):>12} "
+                     f"{fmt_bytes(r['activation_bytes']):>12} {r['est_time_s'] * 1e3:>9.3f}ms{unknown}")
+    lines += [
+        f"{'total':<40} {fmt_flops(t['flops_fwd'] + t['flops_bwd']):>12} "
+        f"{fmt_bytes(t['saved_activation_bytes']):>12} {t['est_step_time_s'] * 1e3:>9.3f}ms",
+        f"FLOPs fwd {fmt_flops(t['flops_fwd'])}, bwd {fmt_flops(t['flops_bwd'])}; "
+        f"predicted peak {fmt_bytes(t['peak_memory_bytes'])} at {t['peak_at']} = parameters "
+        f"{fmt_bytes(t['param_bytes'])} + gradients {fmt_bytes(t['grad_bytes'])} + optimizer state "
+        f"{fmt_bytes(t['optimizer_state_bytes'])} + activations and temporaries",
+    ]
+    unknown = t["unknown_cost_ops"]
+    lines.append("ops of unknown cost (timed by bytes only): " +
+                 (", ".join(f"{op} x{n}" for op, n in sorted(unknown.items())) if unknown else "none"))
+    return "\n".join(lines)
+
+
+def emit(analysis: "Analysis", setting: str | None) -> None:
+    """Print (setting "1") or write JSON (setting = path) on rank 0; nothing when off."""
+    if setting is None or _rank() != 0:
+        return
+    data = summary(analysis)
+    if setting == "1":
+        print(render(data), flush=True)
+    else:
+        with open(setting, "w") as f:
+            json.dump(data, f, indent=1, default=str)
