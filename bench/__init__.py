@@ -1,0 +1,1 @@
+"""Benchmark harness for colauto: `python -m bench.run`."""

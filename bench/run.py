@@ -1,0 +1,298 @@
+"""Benchmark harness: a model x mode matrix of training steps -> JSON, a Markdown table and a PNG plot.
+
+    python -m bench.run                                   # default matrix for the device found
+    python -m bench.run --models gpt2:124m:16:1024 --modes eager,colauto --out /tmp/b
+
+Each row is one (model, mode) built fresh; colauto rows also carry colauto's prediction of the peak
+memory and step time, and the relative error of each against the measurement.
+"""
+from __future__ import annotations
+
+import os
+
+# Multi-GPU runs on these hosts must not use NVLink multicast (NVLS); set before torch/NCCL load.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import datetime  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+import colauto_backend  # noqa: E402
+from colauto_backend import backend as colauto_backend_mod  # noqa: E402
+from colauto_backend import config as colauto_config  # noqa: E402
+from examples.models import build  # noqa: E402
+
+DEFAULT_MODELS = {"cpu": "gpt2:tiny:4:64,llama:tiny:4:64",
+                  "cuda": "gpt2:124m:16:1024,gpt2:355m:8:1024,llama:1b:4:1024"}
+# mode -> torch.compile options for colauto (None = whatever COLAUTO_CODEGEN says)
+COLAUTO_MODES = {"colauto": None, "colauto-aten": {"codegen": "aten"},
+                 "colauto-inductor": {"codegen": "inductor"}}
+MODES = ("eager", "inductor", *COLAUTO_MODES)
+GiB = 2 ** 30
+
+
+def parse_models(text: str) -> list[dict]:
+    specs = []
+    for item in filter(None, text.split(",")):
+        parts = item.split(":")
+        if len(parts) != 4:
+            raise argparse.ArgumentTypeError(f"model {item!r}: expected name:size:batch:seq")
+        specs.append(dict(model=parts[0], size=parts[1], batch=int(parts[2]), seq=int(parts[3])))
+    return specs
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p.add_argument("--models", help="comma list of name:size:batch:seq (seq = image side for image models)")
+    p.add_argument("--modes", default="eager,inductor,colauto", help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--steps", type=int, default=12, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (the first one compiles)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), help="autocast dtype (default bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if available")
+    p.add_argument("--out", help="output directory (default bench/results/<device>-<date>)")
+    p.add_argument("--tag", help="name of the default output directory")
+    args = p.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    args.models = parse_models(args.models or DEFAULT_MODELS[args.device])
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if bad := [m for m in args.modes if m not in MODES]:
+        p.error(f"unknown mode(s) {bad}; use {', '.join(MODES)}")
+    if args.steps < 1 or args.warmup < 1:
+        p.error("--steps and --warmup must be >= 1 (the first warm-up step is the compile time)")
+    return args
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+
+def default_out(args: argparse.Namespace) -> Path:
+    # e.g. "h100-80gb-hbm3-2026-05-10": a readable, path-safe device name plus the UTC date
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name(args.device).lower()).strip("-").removeprefix("nvidia-")
+    tag = args.tag or f"{slug}-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}"
+    return Path(__file__).parent / "results" / tag
+
+
+def autocast(args: argparse.Namespace):
+    # fp32 runs get no autocast at all, so they measure the plain fp32 model
+    if args.dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(args.device, torch.bfloat16)
+
+
+def compiled(model: torch.nn.Module, mode: str):
+    if mode == "eager":
+        return model
+    if mode == "inductor":
+        return torch.compile(model)
+    options = COLAUTO_MODES[mode]
+    return torch.compile(model, backend="colauto", **({"options": options} if options else {}))
+
+
+def make_optimizer(model: torch.nn.Module, device: str) -> torch.optim.Optimizer:
+    # fused AdamW on CUDA is what the memory model calls "adamw"; CPU keeps the plain per-tensor loop
+    kw = dict(fused=True) if device == "cuda" else dict(fused=False, foreach=False)
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, **kw)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def predict(model, make_inputs, spec: dict, args) -> dict:
+    """colauto's prediction for this model, made before any training allocates memory."""
+    # fresh inputs: profile() marks its inputs' dims dynamic, which must not leak into training
+    inputs = make_inputs(spec["batch"], spec["seq"])
+    with autocast(args):
+        prof = colauto_backend.profile(model, *inputs, options={"optimizer": "adamw"})
+    pred = dict(pred_peak_bytes=prof.peak_memory_bytes, pred_step_time_s=prof.est_step_time_s,
+                pred_saved_activation_bytes=prof.saved_activation_bytes, peak_at=prof.details["peak_at"])
+    del prof, inputs
+    torch._dynamo.reset()                # drop the capture's cache entry before the real compile
+    colauto_backend_mod.ANALYSES.clear()  # the backend keeps every analysis; don't grow across rows
+    return pred
+
+
+def train(model, make_inputs, spec: dict, mode: str, args) -> dict:
+    """Warm-up (the first step is timed alone: compile time), then the timed steps."""
+    x, targets = make_inputs(spec["batch"], spec["seq"])
+    opt = make_optimizer(model, args.device)
+    fn = compiled(model, mode)
+
+    def step():
+        with autocast(args):
+            loss = fn(x, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    sync(args.device)
+    t0 = time.perf_counter()
+    step()
+    sync(args.device)
+    warmup_s = time.perf_counter() - t0
+    for _ in range(args.warmup - 1):
+        step()
+    sync(args.device)
+    if args.device == "cuda":
+        # peak over the timed steps only: optimizer state already exists, compile workspaces are gone
+        torch.cuda.reset_peak_memory_stats()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.steps):
+            loss = step()
+        end.record()
+        end.synchronize()
+        step_s = start.elapsed_time(end) / 1e3 / args.steps
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            loss = step()
+        step_s, peak = (time.perf_counter() - t0) / args.steps, None
+    tokens = spec["batch"] * spec["seq"]
+    return dict(step_time_s=step_s, tokens_per_s=tokens / step_s, peak_bytes=peak, warmup_s=warmup_s,
+                loss=loss.item())
+
+
+def run_one(spec: dict, mode: str, args) -> dict:
+    row = dict(spec, mode=mode, error=None)
+    model = None
+    try:
+        if mode in COLAUTO_MODES:  # the codegen in effect: options= if given, else COLAUTO_CODEGEN
+            row["codegen"] = colauto_config.load(COLAUTO_MODES[mode]).codegen
+        model, make_inputs = build(spec["model"], spec["size"], device=args.device)  # fp32 weights
+        if mode in COLAUTO_MODES:
+            row.update(predict(model, make_inputs, spec, args))
+        row.update(train(model, make_inputs, spec, mode, args))
+        if row.get("pred_peak_bytes") and row["peak_bytes"]:
+            row["peak_error"] = row["pred_peak_bytes"] / row["peak_bytes"] - 1
+        if row.get("pred_step_time_s"):
+            row["time_error"] = row["pred_step_time_s"] / row["step_time_s"] - 1
+    except Exception as exc:  # noqa: BLE001 - OOM or any failure becomes a FAILED row, never a crash
+        row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    finally:
+        del model
+        torch._dynamo.reset()
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def environment(args, argv: list[str]) -> dict:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return dict(torch=torch.__version__, triton=triton_version, python=sys.version.split()[0],
+                device=device_name(args.device),
+                gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                hostname=socket.gethostname(), command="python -m bench.run " + shlex.join(argv),
+                colauto_codegen_env=os.environ.get("COLAUTO_CODEGEN"),
+                dtype=args.dtype, steps=args.steps, warmup=args.warmup)
+
+
+def _gib(b) -> str:
+    return "n/a" if b is None else f"{b / GiB:.3g}"
+
+
+def _err(e) -> str:
+    return "" if e is None else f" ({e * 100:+.0f}%)"
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ["model", "B", "T", "mode", "tokens/s", "step ms", "peak GiB", "predicted peak GiB (error %)",
+            "predicted step ms (error %)", "warm-up s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{r['model']} {r['size']}", str(r["batch"]), str(r["seq"]), r["mode"]]
+        if r["error"]:
+            reason = r["error"].replace("|", "\\|")[:160]
+            cells += [f"FAILED: {reason}"] + [""] * 5
+        else:
+            pred_peak = ("" if "pred_peak_bytes" not in r
+                         else _gib(r["pred_peak_bytes"]) + _err(r.get("peak_error")))
+            pred_ms = ("" if "pred_step_time_s" not in r
+                       else f"{r['pred_step_time_s'] * 1e3:.3g}" + _err(r.get("time_error")))
+            cells += [f"{r['tokens_per_s']:,.0f}", f"{r['step_time_s'] * 1e3:.3g}", _gib(r["peak_bytes"]),
+                      pred_peak, pred_ms, f"{r['warmup_s']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> str:
+    """Two panels: throughput per (model, mode); measured vs predicted peak for colauto rows."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # no display on the GPU hosts
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: skipped the PNG plot"
+    ok = [r for r in rows if not r["error"]]
+    col = [r for r in ok if "pred_peak_bytes" in r]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
+    labels = [f"{r['model']} {r['size']}\n{r['mode']}" for r in ok]
+    a.bar(range(len(ok)), [r["tokens_per_s"] for r in ok], color=[f"C{MODES.index(r['mode'])}" for r in ok])
+    a.set_xticks(range(len(ok)), labels, fontsize=7)
+    a.set_ylabel("tokens/s")
+    a.set_title("throughput")
+    xs = range(len(col))
+    b.bar([x - 0.2 for x in xs], [(r["peak_bytes"] or 0) / GiB for r in col], 0.4, label="measured")
+    b.bar([x + 0.2 for x in xs], [r["pred_peak_bytes"] / GiB for r in col], 0.4, label="predicted")
+    b.set_xticks(list(xs), [f"{r['model']} {r['size']}\n{r['mode']}" for r in col], fontsize=7)
+    b.set_ylabel("peak GiB")
+    b.set_title("peak memory, colauto rows" + ("" if any(r["peak_bytes"] for r in col) else " (measured n/a on CPU)"))
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def save(out: Path, env: dict, rows: list[dict]) -> None:
+    # rewritten after every row, so a run cut short (timeout, crash) still leaves its results
+    (out / "results.json").write_text(json.dumps(dict(environment=env, rows=rows), indent=1) + "\n")
+    (out / "results.md").write_text(markdown(rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    out = Path(args.out) if args.out else default_out(args)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(args, argv)
+    matrix = [(spec, mode) for spec in args.models for mode in args.modes]
+    rows: list[dict] = []
+    for i, (spec, mode) in enumerate(matrix, 1):
+        print(f"[{i}/{len(matrix)}] {spec['model']} {spec['size']} {mode} ... ", end="", flush=True)
+        row = run_one(spec, mode, args)
+        rows.append(row)
+        print(f"FAILED: {row['error']}" if row["error"] else f"{row['tokens_per_s']:,.0f} tok/s", flush=True)
+        save(out, env, rows)
+    print("\n" + markdown(rows), flush=True)
+    print(plot(rows, out / "results.png"))
+    print(f"results in {out}/ (results.json, results.md, results.png)", flush=True)
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

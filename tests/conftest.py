@@ -1,0 +1,18 @@
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/, bench/
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(monkeypatch):
+    """Each test compiles from scratch and sees no COLAUTO_* from the caller's shell."""
+    for var in [v for v in os.environ if v.startswith("COLAUTO_")]:
+        monkeypatch.delenv(var)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    yield
+    torch._dynamo.reset()

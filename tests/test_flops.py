@@ -1,0 +1,44 @@
+"""FLOPs from ONE symbolic profile, substituted with .at, equal FlopCounterMode's eager fwd+bwd count."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import colauto_backend
+from examples.models import MODEL_NAMES, build
+
+IMAGE = ("vit", "cnn", "hf_vit")
+SIZES = {"text": [(2, 8), (3, 16), (5, 12)], "image": [(2, 16), (3, 24), (4, 32)]}
+
+
+def eager_flops(model, inputs) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(*inputs).backward()
+    model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_flops_match_flop_counter_at_three_sizes(name):
+    model, make = build(name)
+    sizes = SIZES["image" if name in IMAGE else "text"]
+    prof = colauto_backend.profile(model, *make(*sizes[0]))
+    for b, s in sizes:
+        inputs = make(b, s)
+        at = prof.at(*inputs)
+        assert at.flops_fwd + at.flops_bwd == eager_flops(model, inputs), (name, b, s)
+        assert at.flops_bwd > at.flops_fwd > 0
+
+
+def test_cpu_flash_attention_formula_matches_the_math():
+    """Our formula for aten._scaled_dot_product_flash_attention_for_cpu (FlopCounterMode has none)
+    against the count of the same attention written as explicit matmuls."""
+    q, k, v = (torch.randn(2, 3, 7, 5, requires_grad=True) for _ in range(3))
+    fused, math = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    with fused:
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+    with math:
+        (torch.softmax(q @ k.transpose(-1, -2) / 5**0.5, -1) @ v).sum().backward()
+    assert math.get_total_flops() == 2 * 3 * (2 * 7 * 7 * (5 + 5)) * 3  # fwd 2 matmuls, bwd 4
+    assert fused.get_total_flops() == math.get_total_flops()
