@@ -35,6 +35,11 @@ from colauto_backend import backend as colauto_backend_mod  # noqa: E402
 from colauto_backend import config as colauto_config  # noqa: E402
 from examples.models import build  # noqa: E402
 
+# Without `pip install -e .` the torch_dynamo_backends entry point is missing (as on a bare GPU host);
+# register the same function by hand so backend="colauto" still resolves.
+if "colauto" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(colauto_backend.colauto, name="colauto")
+
 DEFAULT_MODELS = {"cpu": "gpt2:tiny:4:64,llama:tiny:4:64",
                   "cuda": "gpt2:124m:16:1024,gpt2:355m:8:1024,llama:1b:4:1024"}
 # mode -> torch.compile options for colauto (None = whatever COLAUTO_CODEGEN says)

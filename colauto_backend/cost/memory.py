@@ -59,12 +59,13 @@ class _Sim:
         if len(self.state) < len(self.basis.terms):
             self.state = np.pad(self.state, (0, len(self.basis.terms) - len(self.state)))
 
-    def new(self, nbytes: Expr, held: bool = False) -> int:
+    def new(self, nbytes: Expr) -> int:
+        """A fresh storage with one reference (its creator's); permanent holders never drop it."""
         if not nbytes.free_symbols and self.device.alloc_round > 1:
             r = self.device.alloc_round
             nbytes = sym(-(-int(nbytes) // r) * r)
         self.size.append(self.basis.sparse(nbytes))
-        self.refs.append(1 if held else 0)
+        self.refs.append(1)
         self._grow()
         self.state += self._vec(self.size[-1])
         return len(self.size) - 1
@@ -172,16 +173,16 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
             continue
         nb = _placeholder_bytes(n)
         total["params" if i in params else "inputs"] += nb
-        env[n.name] = [sim.new(nb, held=True)]   # parameters by the module, the batch by the user
+        env[n.name] = [sim.new(nb)]   # held by the module (parameters) or the user (the batch)
     grad_of = _trainable(fw_ph, bw, params)
     trainable_bytes = sum((_placeholder_bytes(fw_ph[i]) for i in grad_of), sym(0))
     if optimizer in ("adamw", "adamw_foreach"):
         total["opt"] = 2 * trainable_bytes
-        sim.new(total["opt"], held=True)
+        sim.new(total["opt"])
         for _ in grad_of:                      # step counters: one scalar tensor per parameter
-            sim.new(sym(4), held=True)
+            sim.new(sym(4))
     if device.workspace_bytes:
-        sim.new(sym(device.workspace_bytes), held=True)
+        sim.new(sym(device.workspace_bytes))
     sim.record("start")
     fw_out = sim.run(fw.graph, "fwd", env, placeholders_held=True)
     param_sids = {s for n in fw_ph for s in env.get(n.name, [])}
@@ -200,7 +201,6 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
         for n in bw.graph.nodes:   # tangents: allocated by autograd, held by the backward alone
             if n.op == "placeholder" and n.name not in saved_env and isinstance(n.meta.get("val"), torch.Tensor):
                 saved_env[n.name] = [sim.new(_placeholder_bytes(n))]
-                sim.ref(saved_env[n.name][0])
         # each saved value's forward-output reference passes to the backward placeholder of that name
         sim.run(bw.graph, "bwd", saved_env, placeholders_held=False)   # grads stay referenced
         total["grads"] = trainable_bytes
