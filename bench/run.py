@@ -266,7 +266,8 @@ def plot(rows: list[dict], path: Path) -> str:
     b.set_xticks(list(xs), [f"{r['model']} {r['size']}\n{r['mode']}" for r in col], fontsize=7)
     b.set_ylabel("peak GiB")
     b.set_title("peak memory, colauto rows" + ("" if any(r["peak_bytes"] for r in col) else " (measured n/a on CPU)"))
-    b.legend()
+    b.margins(y=0.2)  # headroom so the legend doesn't cover the bars
+    b.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,71 @@
+"""COLAUTO_REPORT: the per-layer table, totals, JSON output, and ops without a cost formula."""
+import json
+
+import torch
+
+import colauto_backend
+from examples.models import build
+
+
+@torch.library.custom_op("colauto_test::mystery", mutates_args=())
+def mystery(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@mystery.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class WithMystery(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return (h + mystery(h.detach())).sum()
+
+
+def test_report_prints_layers_and_totals(monkeypatch, capsys):
+    monkeypatch.setenv("COLAUTO_REPORT", "1")
+    model, make = build("gpt2")
+    torch.compile(model, backend="colauto")(*make(2, 8)).backward()
+    out = capsys.readouterr().out
+    assert "blocks.0" in out and "blocks.1" in out, out
+    assert "predicted peak" in out and "FLOPs fwd" in out
+    assert "ops of unknown cost (timed by bytes only): none" in out
+
+
+def test_unknown_op_is_counted_not_fatal(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("COLAUTO_REPORT", "1")
+    model = WithMystery()
+    x = torch.randn(4, 8)
+    loss = torch.compile(model, backend="colauto")(x)
+    loss.backward()
+    torch.testing.assert_close(loss, model(x))
+    out = capsys.readouterr().out
+    assert "colauto_test.mystery.default x1" in out
+    prof = colauto_backend.profile(model, x)
+    assert prof.details["unknown_cost_ops"] == {"colauto_test.mystery.default": 1}
+
+
+def test_report_json(monkeypatch, tmp_path):
+    path = tmp_path / "report.json"
+    monkeypatch.setenv("COLAUTO_REPORT", str(path))
+    model, make = build("llama")
+    torch.compile(model, backend="colauto")(*make(2, 8)).backward()
+    data = json.loads(path.read_text())
+    assert data["totals"]["flops_fwd"] > 0 and data["layers"]
+
+
+def test_profile_json_and_symbolic():
+    model, make = build("gpt2")
+    prof = colauto_backend.profile(model, *make(2, 8))
+    data = json.loads(prof.to_json())
+    assert data["flops_fwd"] == prof.flops_fwd and "idx_0" in data["symbolic"]["flops_fwd"]
+    sym = prof.symbolic
+    subs = {s: prof.sizes[str(s)] for s in sym["flops_fwd"].free_symbols}
+    assert int(sym["flops_fwd"].subs(subs)) == prof.flops_fwd
+    assert set(sym) >= {"flops_fwd", "flops_bwd", "saved_activation_bytes", "peak_memory_bytes"}
+    assert prof.timings["cost_s"] > 0
