@@ -99,7 +99,7 @@ class GPT2(nn.Module):
 @dataclass
 class LlamaConfig:
     vocab_size: int = 32000
-    n_layer: int = 16
+    n_layer: int = 22
     n_head: int = 32
     n_kv_head: int = 8
     n_embd: int = 2048
@@ -350,7 +350,7 @@ SIZES = {
     },
     "llama": {
         "tiny": LlamaConfig(vocab_size=512, n_kv_head=2, intermediate=128, max_seq=256, **_TINY),
-        "1b": LlamaConfig(),
+        "1b": LlamaConfig(),   # TinyLlama-1.1B shape
     },
     "bert": {"tiny": BertConfig(vocab_size=512, max_pos=256, **_TINY), "base": BertConfig()},
     "vit": {"tiny": ViTConfig(image_size=32, patch=8, n_classes=10, **_TINY), "base": ViTConfig()},

@@ -131,10 +131,13 @@ def is_aliasing(op: Any) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def classify(op: Any) -> str:
-    """'matmul' (has a FLOP formula), 'memory' (bytes-bound), 'view' (no kernel) or 'unknown'."""
+def classify(op: Any, makes_tensor: bool = True) -> str:
+    """'matmul' (has a FLOP formula), 'memory' (bytes-bound), 'view' (no kernel) or 'unknown'.
+
+    Python-level nodes (getitem, SymInt arithmetic such as operator.mul) launch nothing unless they
+    produce a tensor, which only an op we do not know would do."""
     if not isinstance(op, torch._ops.OpOverload):
-        return "view" if getattr(op, "__name__", "") == "getitem" else "unknown"
+        return "view" if getattr(op, "__name__", "") == "getitem" or not makes_tensor else "unknown"
     packet = op.overloadpacket
     if packet in FORMULAS:
         return "matmul"

@@ -92,7 +92,7 @@ def _node_cost(n: fx.Node) -> tuple[str, Expr, Expr, Expr]:
     key = (n.target, _signature(args), _signature(tuple(sorted(kwargs.items()))), _signature(out))
     hit = _cache.get(key)
     if hit is None:
-        kind = F.classify(n.target)
+        kind = F.classify(n.target, makes_tensor=bool(tensors_in(out)))
         if kind == "view":
             hit = (kind, ZERO, ZERO, ZERO)
         else:
