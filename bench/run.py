@@ -8,32 +8,31 @@ memory and step time, and the relative error of each against the measurement.
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import datetime
+import gc
+import json
 import os
+import re
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
 
-# Multi-GPU runs on these hosts must not use NVLink multicast (NVLS); set before torch/NCCL load.
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+import torch
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import datetime  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-import shlex  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import colauto_backend
+from colauto_backend import backend as colauto_backend_mod
+from colauto_backend import config as colauto_config
+from examples.models import build
 
-import torch  # noqa: E402
-
-import colauto_backend  # noqa: E402
-from colauto_backend import backend as colauto_backend_mod  # noqa: E402
-from colauto_backend import config as colauto_config  # noqa: E402
-from examples.models import build  # noqa: E402
+# Multi-GPU runs on these hosts must not use NVLink multicast (NVLS); NCCL and NVSHMEM read these
+# when a process group is created, so setting them at import is early enough.
+for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                     ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(_var, _value)
 
 # Without `pip install -e .` the torch_dynamo_backends entry point is missing (as on a bare GPU host);
 # register the same function by hand so backend="colauto" still resolves.
@@ -54,7 +53,7 @@ def parse_models(text: str) -> list[dict]:
     for item in filter(None, text.split(",")):
         parts = item.split(":")
         if len(parts) != 4:
-            raise argparse.ArgumentTypeError(f"model {item!r}: expected name:size:batch:seq")
+            raise ValueError(f"model {item!r}: expected name:size:batch:seq")
         specs.append(dict(model=parts[0], size=parts[1], batch=int(parts[2]), seq=int(parts[3])))
     return specs
 
@@ -72,7 +71,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
-    args.models = parse_models(args.models or DEFAULT_MODELS[args.device])
+    try:
+        args.models = parse_models(args.models or DEFAULT_MODELS[args.device])
+    except ValueError as exc:  # also a batch or seq that is not an integer
+        p.error(str(exc))
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if bad := [m for m in args.modes if m not in MODES]:
         p.error(f"unknown mode(s) {bad}; use {', '.join(MODES)}")
@@ -123,10 +125,12 @@ def predict(model, make_inputs, spec: dict, args) -> dict:
     """colauto's prediction for this model, made before any training allocates memory."""
     # fresh inputs: profile() marks its inputs' dims dynamic, which must not leak into training
     inputs = make_inputs(spec["batch"], spec["seq"])
+    t0 = time.perf_counter()
     with autocast(args):
         prof = colauto_backend.profile(model, *inputs, options={"optimizer": "adamw"})
     pred = dict(pred_peak_bytes=prof.peak_memory_bytes, pred_step_time_s=prof.est_step_time_s,
-                pred_saved_activation_bytes=prof.saved_activation_bytes, peak_at=prof.details["peak_at"])
+                pred_saved_activation_bytes=prof.saved_activation_bytes, peak_at=prof.details["peak_at"],
+                profile_s=time.perf_counter() - t0)
     del prof, inputs
     torch._dynamo.reset()                # drop the capture's cache entry before the real compile
     colauto_backend_mod.ANALYSES.clear()  # the backend keeps every analysis; don't grow across rows
@@ -191,7 +195,7 @@ def run_one(spec: dict, mode: str, args) -> dict:
         if row.get("pred_step_time_s"):
             row["time_error"] = row["pred_step_time_s"] / row["step_time_s"] - 1
     except Exception as exc:  # noqa: BLE001 - OOM or any failure becomes a FAILED row, never a crash
-        row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]  # one line, bounded
     finally:
         del model
         torch._dynamo.reset()
@@ -217,7 +221,7 @@ def environment(args, argv: list[str]) -> dict:
 
 
 def _gib(b) -> str:
-    return "n/a" if b is None else f"{b / GiB:.3g}"
+    return "n/a" if b is None else f"{b / GiB:.2f}" if b >= GiB else f"{b / GiB:.3g}"
 
 
 def _err(e) -> str:
@@ -244,6 +248,10 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _label(r: dict) -> str:
+    return f"{r['model']} {r['size']} {r['mode']}"
+
+
 def plot(rows: list[dict], path: Path) -> str:
     """Two panels: throughput per (model, mode); measured vs predicted peak for colauto rows."""
     try:
@@ -255,15 +263,15 @@ def plot(rows: list[dict], path: Path) -> str:
     ok = [r for r in rows if not r["error"]]
     col = [r for r in ok if "pred_peak_bytes" in r]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
-    labels = [f"{r['model']} {r['size']}\n{r['mode']}" for r in ok]
+    fig.set_figwidth(max(13, 0.6 * len(ok) + 6))  # room for one bar label per row
     a.bar(range(len(ok)), [r["tokens_per_s"] for r in ok], color=[f"C{MODES.index(r['mode'])}" for r in ok])
-    a.set_xticks(range(len(ok)), labels, fontsize=7)
+    a.set_xticks(range(len(ok)), [_label(r) for r in ok], fontsize=7, rotation=40, ha="right")
     a.set_ylabel("tokens/s")
     a.set_title("throughput")
     xs = range(len(col))
     b.bar([x - 0.2 for x in xs], [(r["peak_bytes"] or 0) / GiB for r in col], 0.4, label="measured")
     b.bar([x + 0.2 for x in xs], [r["pred_peak_bytes"] / GiB for r in col], 0.4, label="predicted")
-    b.set_xticks(list(xs), [f"{r['model']} {r['size']}\n{r['mode']}" for r in col], fontsize=7)
+    b.set_xticks(list(xs), [_label(r) for r in col], fontsize=7, rotation=40, ha="right")
     b.set_ylabel("peak GiB")
     b.set_title("peak memory, colauto rows" + ("" if any(r["peak_bytes"] for r in col) else " (measured n/a on CPU)"))
     b.margins(y=0.2)  # headroom so the legend doesn't cover the bars
@@ -296,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         save(out, env, rows)
     print("\n" + markdown(rows), flush=True)
     print(plot(rows, out / "results.png"))
-    print(f"results in {out}/ (results.json, results.md, results.png)", flush=True)
+    written = [f for f in ("results.json", "results.md", "results.png") if (out / f).exists()]
+    print(f"results in {out}/ ({', '.join(written)})", flush=True)
     return 1 if any(r["error"] for r in rows) else 0
 
 
