@@ -6,6 +6,7 @@ and doing matrix products; nothing is traced or walked again, which is what make
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Sequence
 
@@ -29,9 +30,15 @@ class Analysis:
     basis: Basis
     device: DeviceSpec
     optimizer: str
-    names: dict[sympy.Symbol, sympy.Symbol]   # graph symbol (s77) -> readable one (idx_0)
+    sources: dict[sympy.Symbol, tuple[str, int]]   # graph symbol (s77) -> (forward argument, dim)
     hints: dict[sympy.Symbol, int]           # graph symbol -> example size
     cost_s: float
+
+    @functools.cached_property
+    def names(self) -> dict[sympy.Symbol, sympy.Symbol]:
+        """Graph symbol (s77) -> readable symbol (idx_0) named after the input it measures."""
+        return {s: sympy.Symbol(f"{arg}_{dim}", integer=True, positive=True)
+                for s, (arg, dim) in self.sources.items()}
 
     def symbolic(self) -> dict[str, Expr]:
         """Totals as sympy expressions over the readable size symbols."""
@@ -116,7 +123,7 @@ def _optimizer_moved(optimizer: str, params: int, grads: int, opt: int) -> int:
 
 def analyze(joint: fx.GraphModule, fw: fx.GraphModule | None, bw: fx.GraphModule | None, *,
             num_fwd_outputs: int, param_indices: Sequence[int], device: DeviceSpec, optimizer: str,
-            names: dict, hints: dict) -> Analysis:
+            sources: dict, hints: dict) -> Analysis:
     """Build the symbolic cost model (timed: this is `timings['cost_s']`)."""
     start = time.perf_counter()
     basis = Basis()
@@ -124,4 +131,4 @@ def analyze(joint: fx.GraphModule, fw: fx.GraphModule | None, bw: fx.GraphModule
     timeline = memory.simulate_step(fw if fw is not None else joint, bw, param_indices=param_indices,
                                     num_fwd_outputs=num_fwd_outputs, basis=basis, device=device,
                                     optimizer=optimizer if bw is not None else "none")
-    return Analysis(costs, timeline, basis, device, optimizer, names, hints, time.perf_counter() - start)
+    return Analysis(costs, timeline, basis, device, optimizer, sources, hints, time.perf_counter() - start)

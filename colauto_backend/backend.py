@@ -33,9 +33,8 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
 
         def record(joint, fw, bw, num_fwd_outputs, params):
             env = compat.shape_env_of(joint.graph)
-            names = {s: _readable(s, src) for s, src in compat.symbol_sources(env).items()}
             analysis = analyze(joint, fw, bw, num_fwd_outputs=num_fwd_outputs, param_indices=params,
-                               device=device, optimizer=config.optimizer, names=names,
+                               device=device, optimizer=config.optimizer, sources=compat.symbol_sources(env),
                                hints=compat.symbol_hints(env))
             ANALYSES.append(analysis)
             if on_analysis is not None:
@@ -73,8 +72,3 @@ def _codegen(name: str) -> Callable:
         return compat.run_as_aten(gm, inputs)
     return aten
 
-
-def _readable(symbol, source: tuple[str, int]):
-    import sympy
-    name, dim = source
-    return sympy.Symbol(f"{name}_{dim}", integer=True, positive=True)

@@ -53,7 +53,7 @@ class Profile:
         start = time.perf_counter()
         bound = dict(zip(self._arg_names, inputs)) | kw_inputs
         subs = {}
-        for symbol, (name, dim) in compat_sources(self._analysis).items():
+        for symbol, (name, dim) in self._analysis.sources.items():
             if name not in bound:
                 raise ValueError(f"Profile.at: input {name!r} is missing; pass the model's inputs as for the profile")
             subs[symbol] = int(bound[name].shape[dim])
@@ -74,10 +74,6 @@ class Profile:
     def _subs(self) -> dict:
         back = {str(v): k for k, v in self._analysis.names.items()}
         return {back[k]: v for k, v in self.sizes.items()}
-
-
-def compat_sources(analysis: Analysis) -> dict:
-    return {s: (str(r).rsplit("_", 1)[0], int(str(r).rsplit("_", 1)[1])) for s, r in analysis.names.items()}
 
 
 def _make(analysis: Analysis, subs: dict, arg_names: list[str], timings: dict) -> Profile:
@@ -111,14 +107,16 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
     start = time.perf_counter()
     try:
         with compat.no_duck_sizing():
-            out = compiled(*example_inputs)
-            if isinstance(out, torch.Tensor) and out.requires_grad:  # not reached: capture stops first
-                raise AssertionError("colauto.profile: the backend ran without analysing the graph")
+            compiled(*example_inputs)   # stops inside the backend once the analysis exists
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         if not isinstance(compat.unwrap_backend_error(exc), _Captured):
             raise
     if not captured:
         raise RuntimeError("colauto.profile: the model produced no graph to profile (is forward empty?)")
     analysis = captured[0]
+    trainable = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
+    if trainable and analysis.timeline.grads == 0:
+        raise RuntimeError("colauto.profile: the captured backward computes no parameter gradient (on the "
+                           "meta device aten.nll_loss has no autograd); profile a model.to_empty(device='cpu') copy")
     trace_s = time.perf_counter() - start - analysis.cost_s
     return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "trace_s": trace_s})

@@ -28,3 +28,16 @@ def test_gpt2_48_layers_cost_model_under_one_second():
     # the token table is counted once, as the tied head's matmul. Biases and norms make the 1% slack.
     expected = (6 * (n - 1024 * 1600) + 12 * 48 * 1600 * 1024) * 16 * 1024
     assert abs(at.flops_fwd + at.flops_bwd - expected) / expected < 0.01
+
+
+def test_meta_model_without_gradients_is_a_clear_error():
+    with torch.device("meta"):
+        model, _ = build("gpt2")
+    idx = torch.randint(0, 512, (2, 8), device="meta")
+    try:
+        colauto_backend.profile(model, idx, idx.clone())
+    except RuntimeError as err:
+        assert "to_empty" in str(err) and "\n" not in str(err)
+    else:  # a torch that traces nll_loss's backward on meta profiles it correctly instead
+        prof = colauto_backend.profile(model, idx, idx.clone())
+        assert prof.flops_bwd == 2 * prof.flops_fwd

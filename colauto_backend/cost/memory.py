@@ -168,6 +168,7 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
     params = set(param_indices)
     total = {"params": sym(0), "inputs": sym(0), "grads": sym(0), "opt": sym(0), "saved": sym(0)}
     env: dict[str, list[int]] = {}
+    saved_nodes: list[tuple[str, Expr]] = []
     for i, n in enumerate(fw_ph):
         if not isinstance(n.meta.get("val"), torch.Tensor):
             continue
@@ -190,7 +191,6 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
         out_nodes = list(fw.graph.nodes)[-1].args[0]
         saved_env: dict[str, list[int]] = {}
         seen: set[int] = set()
-        saved_nodes: list[tuple[str, Expr]] = []
         for node, sids in zip(out_nodes[num_fwd_outputs:], fw_out[num_fwd_outputs:]):
             if isinstance(node, fx.Node):
                 saved_env[node.name] = sids
@@ -212,7 +212,7 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
     return Timeline(rows=np.array([np.pad(r, (0, len(basis.terms) - len(r))) for r in sim.rows]),
                     labels=sim.labels, params=total["params"], grads=total["grads"],
                     optimizer_state=total["opt"], saved=total["saved"], inputs=total["inputs"],
-                    saved_nodes=saved_nodes if bw is not None else [])
+                    saved_nodes=saved_nodes)
 
 
 def _size_expr(basis: Basis, sparse) -> Expr:
