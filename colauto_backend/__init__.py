@@ -5,6 +5,7 @@
 """
 from .backend import colauto
 from .config import Config, ConfigError
-from .profile import Profile, profile
+from .planner import BudgetError, Plan
+from .profile import Profile, explain, profile
 
-__all__ = ["colauto", "profile", "Profile", "Config", "ConfigError"]
+__all__ = ["colauto", "profile", "explain", "Profile", "Plan", "Config", "ConfigError", "BudgetError"]

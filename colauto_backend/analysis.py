@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import sympy
@@ -33,6 +33,15 @@ class Analysis:
     sources: dict[sympy.Symbol, tuple[str, int]]   # graph symbol (s77) -> (forward argument, dim)
     hints: dict[sympy.Symbol, int]           # graph symbol -> example size
     cost_s: float
+    recomputed: frozenset[str] = frozenset()  # forward nodes the backward runs again (the remat plan)
+    plan: Any = None                          # the planner.Plan that chose `recomputed`, if any
+
+    def repartitioned(self, fw: fx.GraphModule, bw: fx.GraphModule, *, num_fwd_outputs: int,
+                      param_indices: Sequence[int], recomputed: frozenset[str]) -> "Analysis":
+        """The same cost table with the memory timeline of another partition of the same joint graph."""
+        timeline = memory.simulate_step(fw, bw, param_indices=param_indices, num_fwd_outputs=num_fwd_outputs,
+                                        basis=self.basis, device=self.device, optimizer=self.optimizer)
+        return dataclasses.replace(self, timeline=timeline, recomputed=recomputed)
 
     @functools.cached_property
     def names(self) -> dict[sympy.Symbol, sympy.Symbol]:
@@ -66,6 +75,8 @@ class Analysis:
         ev = lambda e: int(round(float(sympy.sympify(e).xreplace(subs))))  # noqa: E731
         params, grads, opt = ev(self.timeline.params), ev(self.timeline.grads), ev(self.timeline.optimizer_state)
         opt_time = _optimizer_moved(self.optimizer, params, grads, opt) / self.device.bandwidth
+        again = np.array([n.name in self.recomputed for n in self.costs.nodes], dtype=bool)
+        recompute_time = float(times[again].sum())
         return {
             "flops_fwd": int(round(node_flops[fwd].sum())),
             "flops_bwd": int(round(node_flops[~fwd].sum())),
@@ -74,9 +85,10 @@ class Analysis:
             "peak_at": self.timeline.labels[peak_i] if self.timeline.labels else "",
             "param_bytes": params, "grad_bytes": grads, "optimizer_state_bytes": opt,
             "input_bytes": ev(self.timeline.inputs),
-            "est_step_time_s": float(times.sum() + opt_time),
+            "est_step_time_s": float(times.sum() + opt_time + recompute_time),
+            "est_recompute_time_s": recompute_time,
             "est_fwd_time_s": float(times[fwd].sum()),
-            "est_bwd_time_s": float(times[~fwd].sum()),
+            "est_bwd_time_s": float(times[~fwd].sum() + recompute_time),
             "est_optimizer_time_s": float(opt_time),
             "unknown_cost_ops": self.costs.unknown_ops(),
             "_node_flops": node_flops, "_node_times": times, "_values": values,

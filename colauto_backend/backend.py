@@ -5,6 +5,7 @@ model on it, partitions it, and hands the halves to the chosen code generation. 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -12,7 +13,8 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
-from . import report
+from . import planner, report
+from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost.device import resolve
 
@@ -31,26 +33,38 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         device = resolve(config.device, next((t for t in example_inputs if isinstance(t, torch.Tensor)), None))
 
-        def record(joint, fw, bw, num_fwd_outputs, params):
+        def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
-            analysis = analyze(joint, fw, bw, num_fwd_outputs=num_fwd_outputs, param_indices=params,
-                               device=device, optimizer=config.optimizer, sources=compat.symbol_sources(env),
-                               hints=compat.symbol_hints(env))
+            return analyze(joint, fw, bw, num_fwd_outputs=num_fwd_outputs, param_indices=params,
+                           device=device, optimizer=config.optimizer, sources=compat.symbol_sources(env),
+                           hints=compat.symbol_hints(env))
+
+        def publish(analysis: Analysis) -> None:
             ANALYSES.append(analysis)
+            report.emit(analysis, config.report)
             if on_analysis is not None:
                 on_analysis(analysis)
-            report.emit(analysis, config.report)
 
         def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **kw):
-            fw, bw = compat.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                                              static_lifetime_input_indices=static_lifetime_input_indices)
-            record(joint, fw, bw, num_fwd_outputs, static_lifetime_input_indices or [])
-            return fw, bw
+            params = static_lifetime_input_indices or []
+            split = functools.partial(emit_remat.partition, joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                      static_lifetime_input_indices=static_lifetime_input_indices)
+            fw, bw = split()
+            baseline = analyze_graph(joint, fw, bw, num_fwd_outputs, params)
+            budget = planner.resolve_budget(config.memory_budget, device.memory_bytes)
+
+            def analysis_for(fw_k, bw_k):
+                return baseline.repartitioned(fw_k, bw_k, num_fwd_outputs=num_fwd_outputs, param_indices=params,
+                                              recomputed=planner.recomputed_in(bw_k, joint))
+            chosen, graphs, analysis = planner.plan(joint, split, baseline, budget, analysis_for)
+            analysis = dataclasses.replace(analysis, plan=chosen)
+            publish(analysis)
+            return graphs if graphs is not None else (fw, bw)
 
         params = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
 
         def inference(gm_inf, inputs):  # no_grad: AOT keeps Dynamo's input order, so params are known
-            record(gm_inf, None, None, 0, params)
+            publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
         codegen = _codegen(config.codegen)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any, Mapping
 
 CODEGENS = ("aten", "inductor")
@@ -23,6 +24,7 @@ class Config:
     device: str | None = None        # roofline preset name or JSON path; None = the device found
     report: str | None = None        # None = off, "1" = print table on rank 0, else a JSON path
     optimizer: str = "adamw"         # optimizer-state assumption of the memory model
+    memory_budget: tuple[str, float] | None = None   # ("none"|"fraction"|"bytes", value); None = device memory
 
 
 # name in options= -> (environment variable, parser)
@@ -61,11 +63,31 @@ def _device(raw: str) -> str:
     )
 
 
+_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*$", re.I)
+
+
+def _budget(raw: str) -> tuple[str, float]:
+    if raw.strip().lower() == "none":
+        return ("none", 0.0)
+    m = _BUDGET.match(raw)
+    if m:
+        value, unit = float(m.group(1)), m.group(2).lower()
+        if not unit and 0 < value <= 1:
+            return ("fraction", value)
+        if unit in _UNITS and value > 0:
+            return ("bytes", value * _UNITS[unit])
+    raise ConfigError(f"COLAUTO_MEMORY_BUDGET={raw!r} is not valid: use bytes with a unit (12GiB, 12000MB), "
+                      "a fraction of the device's memory in (0, 1] (0.5), or none")
+
+
 _FIELDS = {
     "codegen": ("COLAUTO_CODEGEN", _choice("COLAUTO_CODEGEN", CODEGENS)),
     "device": ("COLAUTO_DEVICE", _device),
     "report": ("COLAUTO_REPORT", _report),
     "optimizer": ("COLAUTO_OPTIMIZER", _choice("COLAUTO_OPTIMIZER", OPTIMIZERS)),
+    "memory_budget": ("COLAUTO_MEMORY_BUDGET", _budget),
 }
 ENV_VARS = tuple(var for var, _ in _FIELDS.values())
 
@@ -83,6 +105,8 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
     for key, raw in (options or {}).items():
         if key not in _FIELDS:
             raise ConfigError(f"options[{key!r}] is not a colauto option: use one of {', '.join(_FIELDS)}")
+        if key == "memory_budget" and isinstance(raw, (int, float)) and raw > 1:
+            raw = f"{raw}b"                       # a plain number in options= is bytes
         values[key] = _FIELDS[key][1](str(raw))
     return Config(**values)
 

@@ -85,12 +85,8 @@ def _make(analysis: Analysis, subs: dict, arg_names: list[str], timings: dict) -
                    _analysis=analysis, _arg_names=arg_names)
 
 
-def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None = None) -> Profile:
-    """Capture `model` as torch.compile would and build its cost model at these example sizes.
-
-    Every dimension of every tensor input becomes a size symbol (sizes 0 and 1 are specialized by
-    Dynamo, so give examples of size >= 2). The model must compile to one graph (no graph breaks).
-    """
+def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None) -> tuple[Analysis, list[str]]:
+    """Run Dynamo + AOTAutograd + the cost model (and planner) on `model`, stopping before any kernel."""
     config = cfg.load(options)
     arg_names = [p for p in inspect.signature(model.forward).parameters][: len(example_inputs)]
     captured: list[Analysis] = []
@@ -104,13 +100,13 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
             for d in range(t.dim()):
                 torch._dynamo.maybe_mark_dynamic(t, d)
     compiled = torch.compile(model, backend=make_backend(config, on_analysis=stop), fullgraph=True)
-    start = time.perf_counter()
     try:
         with compat.no_duck_sizing():
             compiled(*example_inputs)   # stops inside the backend once the analysis exists
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
-        if not isinstance(compat.unwrap_backend_error(exc), _Captured):
-            raise
+        inner = compat.unwrap_backend_error(exc)
+        if not isinstance(inner, _Captured):
+            raise inner if inner is not exc else exc
     if not captured:
         raise RuntimeError("colauto.profile: the model produced no graph to profile (is forward empty?)")
     analysis = captured[0]
@@ -118,5 +114,29 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
     if trainable and analysis.timeline.grads == 0:
         raise RuntimeError("colauto.profile: the captured backward computes no parameter gradient (on the "
                            "meta device aten.nll_loss has no autograd); profile a model.to_empty(device='cpu') copy")
+    return analysis, arg_names
+
+
+def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None = None) -> Profile:
+    """Capture `model` as torch.compile would and build its cost model at these example sizes.
+
+    Every dimension of every tensor input becomes a size symbol (sizes 0 and 1 are specialized by
+    Dynamo, so give examples of size >= 2). The model must compile to one graph (no graph breaks).
+    Without a memory budget in `options`/COLAUTO_MEMORY_BUDGET the device's memory is the budget, so
+    the profile describes the plan torch.compile(backend="colauto") would run.
+    """
+    start = time.perf_counter()
+    analysis, arg_names = capture(model, example_inputs, options)
     trace_s = time.perf_counter() - start - analysis.cost_s
     return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "trace_s": trace_s})
+
+
+def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | int | None = None,
+            options: dict | None = None):
+    """The rematerialization Plan colauto would run for this model under `budget` (bytes, '12GiB',
+    a fraction of device memory, or 'none'); raises planner.BudgetError if nothing fits."""
+    options = dict(options or {})
+    if budget is not None:
+        options["memory_budget"] = budget
+    analysis, _ = capture(model, example_inputs, options)
+    return analysis.plan

@@ -38,7 +38,8 @@ def summary(analysis: "Analysis", subs: dict | None = None) -> dict:
     sizes = {str(analysis.names.get(s, s)): v for s, v in subs.items()}
     return {"device": analysis.device.name, "optimizer": analysis.optimizer, "sizes": sizes,
             "totals": totals, "layers": analysis.layers(subs),
-            "cost_model_s": analysis.cost_s}
+            "cost_model_s": analysis.cost_s,
+            "plan": analysis.plan.to_dict() if analysis.plan is not None else None}
 
 
 def render(data: dict) -> str:
@@ -58,6 +59,7 @@ def render(data: dict) -> str:
         f"{fmt_bytes(t['param_bytes'])} + gradients {fmt_bytes(t['grad_bytes'])} + optimizer state "
         f"{fmt_bytes(t['optimizer_state_bytes'])} + activations and temporaries",
     ]
+    lines += _plan_lines(data.get("plan"))
     unknown = t["unknown_cost_ops"]
     lines.append("ops of unknown cost (timed by bytes only): " +
                  (", ".join(f"{op} x{n}" for op, n in sorted(unknown.items())) if unknown else "none"))
@@ -74,3 +76,25 @@ def emit(analysis: "Analysis", setting: str | None) -> None:
     else:
         with open(setting, "w") as f:
             json.dump(data, f, indent=1, default=str)
+
+
+def _plan_lines(plan: dict | None) -> list[str]:
+    if plan is None:
+        return []
+    budget = "none" if plan["budget_bytes"] is None else fmt_bytes(plan["budget_bytes"])
+    lines = [f"memory budget {budget}: predicted peak {fmt_bytes(plan['peak_without_bytes'])} without a plan, "
+             f"{fmt_bytes(plan['peak_with_bytes'])} with it; saved for backward "
+             f"{fmt_bytes(plan['saved_without_bytes'])} -> {fmt_bytes(plan['saved_with_bytes'])}"]
+    if plan["recomputed"]:
+        added = plan["step_time_with_s"] / plan["step_time_without_s"] - 1 if plan["step_time_without_s"] else 0.0
+        lines.append(f"recompute adds {plan['recompute_time_s'] * 1e3:.3f} ms ({added:+.1%} est. step time); "
+                     f"{plan['frontier_points']} Pareto plans, {plan['simulated_plans']} simulated, "
+                     f"solved in {plan['solve_s'] * 1e3:.0f} ms")
+        for layer, ops in plan["recomputed"].items():
+            counts: dict[str, int] = {}
+            for op in ops:
+                counts[op] = counts.get(op, 0) + 1
+            lines.append(f"  recomputed in {layer}: " + ", ".join(f"{op} x{n}" if n > 1 else op for op, n in counts.items()))
+    else:
+        lines.append("nothing recomputed: the step fits the budget as it is")
+    return lines

@@ -1,0 +1,1 @@
+"""Emission: turn solver decisions into graph annotations torch's passes honour."""

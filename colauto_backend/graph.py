@@ -1,0 +1,77 @@
+"""FX joint graph -> networkx DAG of its forward part -> the plain-array `RematProblem` for the solver.
+
+Sizes and times are the cost model's, evaluated at the example sizes; sizes are quantized to
+`units` memory units so the DP's memory axis stays short (the quantum is reported with the plan).
+"""
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import numpy as np
+import sympy
+import torch
+import torch.fx as fx
+
+from .cost.flops import is_aliasing
+from .cost.shapes import storage_nbytes, tensors_in
+from .solver.remat import RematProblem
+
+
+def is_backward(n: fx.Node) -> bool:
+    return n.meta.get("partitioner_tag") == "is_backward"
+
+
+def forward_dag(joint: fx.Graph) -> nx.DiGraph:
+    """Forward call nodes that produce tensors; an edge producer -> consumer for each use."""
+    dag = nx.DiGraph()
+    order = 0
+    for n in joint.nodes:
+        if n.op == "call_function" and not is_backward(n) and _produces_tensor(n):
+            dag.add_node(n, order=order)
+            order += 1
+    for n in dag.nodes:
+        for a in n.all_input_nodes:
+            if a in dag:
+                dag.add_edge(a, n)
+    return dag
+
+
+def _produces_tensor(n: fx.Node) -> bool:
+    val = n.meta.get("val")
+    return isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and bool(tensors_in(val)))
+
+
+def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, units: int = 512
+                  ) -> tuple[RematProblem, list[fx.Node], float]:
+    """The problem over the forward DAG, its nodes in solver order, and the bytes per memory unit."""
+    dag = forward_dag(joint)
+    nodes = list(nx.lexicographical_topological_sort(dag, key=lambda n: dag.nodes[n]["order"]))
+    index = {n: i for i, n in enumerate(nodes)}
+    nbytes = [_kept_bytes(n, subs) for n in nodes]
+    quantum = max(1.0, sum(nbytes) / units)
+    size, time, inputs, needed, can_keep, can_recompute = [], [], [], [], [], []
+    for n, b in zip(nodes, nbytes):
+        multi = isinstance(n.meta.get("val"), (tuple, list))
+        view = isinstance(n.target, torch._ops.OpOverload) and is_aliasing(n.target)
+        random = isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
+        size.append(math.ceil(b / quantum))
+        time.append(0.0 if view else float(node_time.get(n.name, 0.0)))
+        inputs.append(tuple(sorted(index[a] for a in dag.predecessors(n))))
+        needed.append(any(is_backward(u) for u in n.users))
+        can_keep.append(not multi and not view)       # a tuple is saved through its getitems; a view through its base
+        can_recompute.append(not random)               # recomputing a random op would change its values
+    problem = RematProblem(tuple(size), tuple(time), tuple(inputs), tuple(needed), tuple(can_keep), tuple(can_recompute))
+    return problem, nodes, quantum
+
+
+def _kept_bytes(n: fx.Node, subs: dict) -> float:
+    val = n.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return 0.0
+    return float(sympy.sympify(storage_nbytes(val)).xreplace(subs))
+
+
+def node_times(costs, times: np.ndarray) -> dict[str, float]:
+    return {c.name: float(t) for c, t in zip(costs.nodes, times)}
+

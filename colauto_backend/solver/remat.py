@@ -1,0 +1,132 @@
+r"""Rematerialization as a dynamic program over the forward graph in topological order.
+
+Problem (`RematProblem`, forward nodes 0..n-1 in topological order):
+  size[i]    memory units node i's output holds if it is kept for backward
+  time[i]    seconds to recompute node i in backward
+  inputs[i]  forward nodes node i reads (parameters and graph inputs are always available)
+  needed[i]  backward reads node i directly
+A plan keeps a set K. Node i is *demanded* if needed[i], or if a demanded node that is recomputed
+reads it. A demanded node is kept (cost size[i] memory) or recomputed (cost time[i], and all its
+inputs become demanded). Objective: for every memory level m, the least recompute time
+    T(m) = min_K { sum_{i demanded, i not in K} time[i]  :  sum_{i demanded, i in K} size[i] <= m }.
+
+DP. Walk the nodes from last to first. The state after visiting nodes j..n-1 is D, the set of
+not-yet-visited nodes that visited, recomputed nodes demand (a subset of the tensors live across
+position j, so it stays small: the residual stream and a few attention tensors in a transformer).
+Value: an array over exact memory m of the least time. Visiting node j with state D:
+    demanded = needed[j] or j in D;  D0 = D - {j}
+    not demanded:          V'[D0][m]                 <- V[D][m]
+    keep (if allowed):     V'[D0][m + size[j]]       <- V[D][m]
+    recompute (if allowed):V'[D0 | inputs[j]][m]     <- V[D][m] + time[j]
+Each transition keeps a back-pointer, so any point of the final Pareto frontier (memory, time)
+can be turned back into per-node decisions. Complexity: O(n * S * M) for S states per step and M
+memory units (sizes are quantized so that M stays near `units`); exact for the quantized sizes,
+which the brute-force tests check.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+INF = float("inf")
+KEEP, RECOMPUTE, SKIP = 1, 2, 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RematProblem:
+    size: tuple[int, ...]
+    time: tuple[float, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    needed: tuple[bool, ...]
+    can_keep: tuple[bool, ...]
+    can_recompute: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.size)
+        if not all(len(f) == n for f in (self.time, self.inputs, self.needed, self.can_keep, self.can_recompute)):
+            raise ValueError("RematProblem: all fields need one entry per node")
+        for i, ins in enumerate(self.inputs):
+            if any(not 0 <= p < i for p in ins):
+                raise ValueError(f"RematProblem: node {i} reads a node that is not before it")
+
+
+@dataclasses.dataclass
+class Frontier:
+    """Pareto-optimal plans: memory strictly increasing, recompute time strictly decreasing."""
+    memory: np.ndarray                       # memory units of each point
+    time: np.ndarray                         # recompute seconds of each point
+    _back: list = dataclasses.field(repr=False)   # per node: (states before it, {state: (src, choice)})
+    _size: tuple[int, ...] = dataclasses.field(repr=False)
+
+    def keep(self, k: int) -> tuple[bool, ...]:
+        """Per-node decisions of point k: True = keep for backward, False = recompute or not needed."""
+        decisions = []
+        state, m = frozenset(), int(self.memory[k])
+        for j, (before, table) in enumerate(self._back):   # node 0 first: back-tracking order
+            src, choice = table[state]
+            c = int(choice[m])
+            decisions.append(c == KEEP)
+            state = before[int(src[m])]
+            if c == KEEP:
+                m -= self._size[j]
+        return tuple(decisions)
+
+
+def solve(p: RematProblem) -> Frontier:
+    """The exact Pareto frontier of (kept memory, recompute time) by the DP in the module docstring."""
+    n, M = len(p.size), sum(p.size)
+    start = np.full(M + 1, INF)
+    start[0] = 0.0
+    values: dict[frozenset, np.ndarray] = {frozenset(): start}
+    back: list = [None] * n
+    for j in range(n - 1, -1, -1):
+        before = list(values)
+        cands: dict[frozenset, list] = {}
+        for idx, (state, v) in enumerate(values.items()):
+            rest = state - {j}
+            if not (p.needed[j] or j in state):
+                cands.setdefault(rest, []).append((v, idx, SKIP))
+                continue
+            if p.can_keep[j]:
+                shifted = np.full(M + 1, INF)
+                if p.size[j] <= M:
+                    shifted[p.size[j]:] = v[: M + 1 - p.size[j]]
+                cands.setdefault(rest, []).append((shifted, idx, KEEP))
+            if p.can_recompute[j]:
+                cands.setdefault(rest | frozenset(p.inputs[j]), []).append((v + p.time[j], idx, RECOMPUTE))
+        values, table = {}, {}
+        for state, options in cands.items():
+            stack = np.stack([o[0] for o in options])
+            best = np.argmin(stack, axis=0)
+            values[state] = stack[best, np.arange(M + 1)]
+            table[state] = (np.array([o[1] for o in options])[best], np.array([o[2] for o in options])[best])
+        back[j] = (before, table)
+    final = values.get(frozenset(), np.full(M + 1, INF))
+    mems, times, best_t = [], [], INF
+    for m in range(M + 1):            # Pareto points: strictly less time than any smaller memory
+        if final[m] < best_t:
+            best_t = final[m]
+            mems.append(m)
+            times.append(final[m])
+    return Frontier(np.array(mems, dtype=np.int64), np.array(times), back, p.size)
+
+
+def evaluate(p: RematProblem, keep: tuple[bool, ...]) -> tuple[int, float] | None:
+    """(memory, recompute time) of keeping exactly `keep`; None if a demanded node can be neither."""
+    demanded = list(p.needed)
+    mem, t = 0, 0.0
+    for j in range(len(p.size) - 1, -1, -1):
+        if not demanded[j]:
+            continue
+        if keep[j]:
+            if not p.can_keep[j]:
+                return None
+            mem += p.size[j]
+        else:
+            if not p.can_recompute[j]:
+                return None
+            t += p.time[j]
+            for i in p.inputs[j]:
+                demanded[i] = True
+    return mem, t
