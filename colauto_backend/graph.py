@@ -5,7 +5,7 @@ Sizes and times are the cost model's, evaluated at the example sizes; sizes are 
 """
 from __future__ import annotations
 
-import math
+import functools
 
 import networkx as nx
 import numpy as np
@@ -42,9 +42,10 @@ def _produces_tensor(n: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and bool(tensors_in(val)))
 
 
-def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, units: int = 512
-                  ) -> tuple[RematProblem, list[fx.Node], float]:
-    """The problem over the forward DAG, its nodes in solver order, and the bytes per memory unit."""
+def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, units: int = 512,
+                  pinned: frozenset[str] = frozenset()) -> tuple[RematProblem, list[fx.Node], float]:
+    """The problem over the forward DAG, its nodes in solver order, and the bytes per memory unit.
+    `pinned` nodes may not be recomputed (doing so could not lower the peak, see planner)."""
     dag = forward_dag(joint)
     nodes = list(nx.lexicographical_topological_sort(dag, key=lambda n: dag.nodes[n]["order"]))
     index = {n: i for i, n in enumerate(nodes)}
@@ -55,12 +56,13 @@ def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, unit
         multi = isinstance(n.meta.get("val"), (tuple, list))
         view = isinstance(n.target, torch._ops.OpOverload) and is_aliasing(n.target)
         random = isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
-        size.append(math.ceil(b / quantum))
+        size.append(round(b / quantum))   # nearest, so the memory axis stays ~`units` long
         time.append(0.0 if view else float(node_time.get(n.name, 0.0)))
         inputs.append(tuple(sorted(index[a] for a in dag.predecessors(n))))
         needed.append(any(is_backward(u) for u in n.users))
         can_keep.append(not multi and not view)       # a tuple is saved through its getitems; a view through its base
-        can_recompute.append(not random)               # recomputing a random op would change its values
+        # a random op would change its values; a pinned one is kept if it can be
+        can_recompute.append(not random and not (n.name in pinned and can_keep[-1]))
     problem = RematProblem(tuple(size), tuple(time), tuple(inputs), tuple(needed), tuple(can_keep), tuple(can_recompute))
     return problem, nodes, quantum
 
@@ -69,9 +71,26 @@ def _kept_bytes(n: fx.Node, subs: dict) -> float:
     val = n.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return 0.0
-    return float(sympy.sympify(storage_nbytes(val)).xreplace(subs))
+    return _at(storage_nbytes(val), tuple(subs.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _at(expr, subs: tuple) -> float:
+    """A size expression at concrete sizes (cached: repeated layers share their expressions)."""
+    return float(sympy.sympify(expr).xreplace(dict(subs)))
 
 
 def node_times(costs, times: np.ndarray) -> dict[str, float]:
     return {c.name: float(t) for c, t in zip(costs.nodes, times)}
 
+
+
+def read_by_backward_before(joint: fx.Graph, last_backward_node: str) -> frozenset[str]:
+    """Forward nodes that some backward node up to `last_backward_node` (joint order) reads."""
+    out = set()
+    for n in joint.nodes:
+        if is_backward(n):
+            out.update(a.name for a in n.all_input_nodes if not is_backward(a))
+            if n.name == last_backward_node:
+                break
+    return frozenset(out)

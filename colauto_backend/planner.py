@@ -2,9 +2,10 @@
 
 1. The DP (solver/remat.py) gives the exact Pareto frontier of (bytes kept for backward, recompute
    time) over the forward DAG (graph.py).
-2. Walking the frontier from the fastest plan to the slowest, the first plan whose *simulated* step
-   peak (cost/memory.py, on the partition the tags really produce) fits the budget is taken. A plan
-   is simulated only if a cheap estimate (baseline peak - baseline saved + plan's saved) fits too.
+2. Walking a fixed set of frontier points (all, or MAX_CANDIDATES spread evenly) from the fastest
+   plan to the slowest, the first plan whose *simulated* step peak (cost/memory.py, on the partition
+   the tags really produce) fits the budget is taken. A plan is simulated only if a lower bound of
+   its peak (bytes held all step + bytes it keeps for backward) fits.
 This rule is monotone by construction: the set of acceptable plans only shrinks as the budget
 shrinks, so a smaller budget never gets a faster plan, nor one with a larger predicted peak.
 """
@@ -21,6 +22,10 @@ from .analysis import Analysis, layer_of
 from .emit import remat as emit
 from .report import fmt_bytes
 from .solver import remat as solver
+
+
+# Frontier points whose peak may be simulated (each costs one partition + memory simulation).
+MAX_CANDIDATES = 16
 
 
 class BudgetError(RuntimeError):
@@ -65,10 +70,16 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     if budget is None or base["peak_memory_bytes"] <= budget:
         return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
     times = graph.node_times(baseline.costs, base["_node_times"])
-    problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints)
+    # A tensor the backward first reads at or before the step's peak is live at the peak whether it
+    # is kept or recomputed: recomputing it costs time and saves nothing, so it is pinned.
+    phase, _, at = base["peak_at"].partition(":")
+    pinned = graph.read_by_backward_before(joint.graph, at) if phase == "bwd" else frozenset()
+    problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned)
     frontier = solver.solve(problem)
     solve_s = time.perf_counter() - start
-    fixed = base["peak_memory_bytes"] - base["saved_activation_bytes"]
+    # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
+    held = base["param_bytes"] + base["optimizer_state_bytes"] + base["input_bytes"]
+    candidates = _candidates(len(frontier.memory))
     simulated: dict[int, dict] = {}
 
     def simulate(k: int):
@@ -79,17 +90,15 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
         simulated[k] = analysis.evaluate(analysis.hints)
         return (fw, bw), analysis
 
-    for k in range(len(frontier.memory) - 1, -1, -1):          # fastest plan first
-        if fixed + frontier.memory[k] * quantum > budget:     # cannot fit: skip the simulation
+    for k in candidates:                                          # fastest plan first
+        if held + frontier.memory[k] * quantum - len(nodes) * quantum > budget:   # cannot fit
             continue
         graphs, analysis = simulate(k)
         if simulated[k]["peak_memory_bytes"] <= budget:
             p = _describe(budget, base, simulated[k], analysis, len(frontier.memory), len(simulated),
                           quantum, solve_s, start)
             return p, graphs, analysis
-    # Nothing fits: find the least peak among (up to 64 of) the Pareto plans to tell the user.
-    step = max(1, len(frontier.memory) // 64)
-    for k in range(0, len(frontier.memory), step):
+    for k in candidates:        # nothing fits: find the least peak among the candidates to tell the user
         if k not in simulated:
             simulate(k)
     least = min(simulated.values(), key=lambda ev: ev["peak_memory_bytes"])
@@ -99,6 +108,15 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
         f"{fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
         f"{fmt_bytes(persistent)}, activations and temporaries "
         f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}); set it to at least that, or shrink the batch")
+
+
+def _candidates(n_points: int, most: int = MAX_CANDIDATES) -> list[int]:
+    """Frontier points considered, fastest first: all, or `most` spread evenly. The set does not depend
+    on the budget, which is what makes the choice monotone in the budget."""
+    if n_points <= most:
+        return list(range(n_points - 1, -1, -1))
+    picks = {round(i * (n_points - 1) / (most - 1)) for i in range(most)}
+    return sorted(picks, reverse=True)
 
 
 def _describe(budget, base: dict, ev: dict, analysis: Analysis, points: int, simulated: int,
