@@ -33,6 +33,7 @@ class Analysis:
     sources: dict[sympy.Symbol, tuple[str, int]]   # graph symbol (s77) -> (forward argument, dim)
     hints: dict[sympy.Symbol, int]           # graph symbol -> example size
     cost_s: float
+    joint: fx.GraphModule | None = None       # the graph costed (joint fwd+bwd, or inference)
     recomputed: frozenset[str] = frozenset()  # forward nodes the backward runs again (the remat plan)
     plan: Any = None                          # the planner.Plan that chose `recomputed`, if any
 
@@ -143,4 +144,5 @@ def analyze(joint: fx.GraphModule, fw: fx.GraphModule | None, bw: fx.GraphModule
     timeline = memory.simulate_step(fw if fw is not None else joint, bw, param_indices=param_indices,
                                     num_fwd_outputs=num_fwd_outputs, basis=basis, device=device,
                                     optimizer=optimizer if bw is not None else "none")
-    return Analysis(costs, timeline, basis, device, optimizer, sources, hints, time.perf_counter() - start)
+    return Analysis(costs, timeline, basis, device, optimizer, sources, hints, time.perf_counter() - start,
+                    joint=joint)

@@ -5,6 +5,7 @@ model on it, partitions it, and hands the halves to the chosen code generation. 
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -18,8 +19,8 @@ from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost.device import resolve
 
-# Every analysis the backend made, newest last (read by `profile`, the report and tests).
-ANALYSES: list[Analysis] = []
+# The latest analyses the backend made, newest last (for tests and debugging; bounded: each holds a graph).
+ANALYSES: collections.deque[Analysis] = collections.deque(maxlen=16)
 
 
 def colauto(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
@@ -56,7 +57,11 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
             def analysis_for(fw_k, bw_k):
                 return baseline.repartitioned(fw_k, bw_k, num_fwd_outputs=num_fwd_outputs, param_indices=params,
                                               recomputed=planner.recomputed_in(bw_k, joint))
-            chosen, graphs, analysis = planner.plan(joint, split, baseline, budget, analysis_for)
+            placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
+            grads = list(bw.graph.nodes)[-1].args[0]
+            buffers = frozenset(placeholders[i].name for i in params
+                                if i >= len(grads) or grads[i] is None)   # static, no gradient
+            chosen, graphs, analysis = planner.plan(joint, split, baseline, budget, analysis_for, buffers)
             analysis = dataclasses.replace(analysis, plan=chosen)
             publish(analysis)
             return graphs if graphs is not None else (fw, bw)

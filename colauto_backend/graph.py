@@ -43,26 +43,33 @@ def _produces_tensor(n: fx.Node) -> bool:
 
 
 def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, units: int = 512,
-                  pinned: frozenset[str] = frozenset()) -> tuple[RematProblem, list[fx.Node], float]:
+                  pinned: frozenset[str] = frozenset(), buffers: frozenset[str] = frozenset()
+                  ) -> tuple[RematProblem, list[fx.Node], float]:
     """The problem over the forward DAG, its nodes in solver order, and the bytes per memory unit.
-    `pinned` nodes may not be recomputed (doing so could not lower the peak, see planner)."""
+    `pinned` nodes may not be recomputed (doing so could not lower the peak, see planner). Nor may an
+    op that reads a buffer placeholder (BatchNorm running stats): the step updates buffers in place
+    after forward, so a recomputation would read the new values (autograd's version check fails)."""
     dag = forward_dag(joint)
     nodes = list(nx.lexicographical_topological_sort(dag, key=lambda n: dag.nodes[n]["order"]))
     index = {n: i for i, n in enumerate(nodes)}
     nbytes = [_kept_bytes(n, subs) for n in nodes]
     quantum = max(1.0, sum(nbytes) / units)
     size, time, inputs, needed, can_keep, can_recompute = [], [], [], [], [], []
+    reads_buffer: set[fx.Node] = set()
     for n, b in zip(nodes, nbytes):
         multi = isinstance(n.meta.get("val"), (tuple, list))
         view = isinstance(n.target, torch._ops.OpOverload) and is_aliasing(n.target)
         random = isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
+        if (not view and any(a.name in buffers for a in n.all_input_nodes)) or any(
+                a in reads_buffer and isinstance(a.meta.get("val"), (tuple, list)) for a in n.all_input_nodes):
+            reads_buffer.add(n)       # the op itself, or a getitem of its tuple
         size.append(round(b / quantum))   # nearest, so the memory axis stays ~`units` long
         time.append(0.0 if view else float(node_time.get(n.name, 0.0)))
         inputs.append(tuple(sorted(index[a] for a in dag.predecessors(n))))
         needed.append(any(is_backward(u) for u in n.users))
         can_keep.append(not multi and not view)       # a tuple is saved through its getitems; a view through its base
         # a random op would change its values; a pinned one is kept if it can be
-        can_recompute.append(not random and not (n.name in pinned and can_keep[-1]))
+        can_recompute.append(not random and n not in reads_buffer and not (n.name in pinned and can_keep[-1]))
     problem = RematProblem(tuple(size), tuple(time), tuple(inputs), tuple(needed), tuple(can_keep), tuple(can_recompute))
     return problem, nodes, quantum
 

@@ -29,7 +29,11 @@ MAX_CANDIDATES = 16
 
 
 class BudgetError(RuntimeError):
-    """No plan fits COLAUTO_MEMORY_BUDGET."""
+    """No plan fits COLAUTO_MEMORY_BUDGET; `smallest_bytes` is the least peak found."""
+
+    def __init__(self, message: str, smallest_bytes: int) -> None:
+        super().__init__(message)
+        self.smallest_bytes = smallest_bytes
 
 
 @dataclasses.dataclass
@@ -63,8 +67,10 @@ def resolve_budget(setting: tuple[str, float] | None, device_bytes: int) -> int 
 
 
 def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget: int | None,
-         analysis_for: Callable[[fx.GraphModule, fx.GraphModule], Analysis]) -> tuple[Plan, tuple, Analysis]:
-    """(plan, (fw, bw), analysis of the chosen partition). `partition()` partitions `joint` as tagged."""
+         analysis_for: Callable[[fx.GraphModule, fx.GraphModule], Analysis],
+         buffers: frozenset[str] = frozenset()) -> tuple[Plan, tuple, Analysis]:
+    """(plan, (fw, bw), analysis of the chosen partition). `partition()` partitions `joint` as tagged;
+    `buffers` are the placeholders of non-trainable module state (see graph.remat_problem)."""
     start = time.perf_counter()
     base = baseline.evaluate(baseline.hints)
     if budget is None or base["peak_memory_bytes"] <= budget:
@@ -74,7 +80,8 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     # is kept or recomputed: recomputing it costs time and saves nothing, so it is pinned.
     phase, _, at = base["peak_at"].partition(":")
     pinned = graph.read_by_backward_before(joint.graph, at) if phase == "bwd" else frozenset()
-    problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned)
+    problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned,
+                                                  buffers=buffers)
     frontier = solver.solve(problem)
     solve_s = time.perf_counter() - start
     # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
@@ -107,7 +114,8 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
         f"COLAUTO_MEMORY_BUDGET: {fmt_bytes(budget)} is below the smallest peak colauto found, "
         f"{fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
         f"{fmt_bytes(persistent)}, activations and temporaries "
-        f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}); set it to at least that, or shrink the batch")
+        f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}); set it to at least that, or shrink the batch",
+        least["peak_memory_bytes"])
 
 
 def _candidates(n_points: int, most: int = MAX_CANDIDATES) -> list[int]:

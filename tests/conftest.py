@@ -14,5 +14,7 @@ def fresh_dynamo(monkeypatch):
         monkeypatch.delenv(var)
     torch._dynamo.reset()
     torch.manual_seed(0)
+    from colauto_backend.backend import ANALYSES
+    ANALYSES.clear()    # bounded history: counts in tests start from empty
     yield
     torch._dynamo.reset()

@@ -1,5 +1,8 @@
 """Predicted peak of a whole training step (forward, backward, AdamW) against PyTorch's MemTracker,
-which watches every storage the compiled step really allocates and frees (CPU, fp32)."""
+which watches every storage allocated and freed (CPU, fp32). MemTracker is a TorchDispatchMode, under
+which Dynamo runs the step eagerly: this checks the model of what a step holds against eager PyTorch,
+whose saved tensors the unplanned partition reproduces. The compiled step is measured in
+test_remat.py (profiler) and on GPUs by bench/ (torch.cuda.max_memory_allocated)."""
 import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
