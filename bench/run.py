@@ -137,11 +137,12 @@ def predict(model, make_inputs, spec: dict, args) -> dict:
     return pred
 
 
-def train(model, make_inputs, spec: dict, mode: str, args) -> dict:
-    """Warm-up (the first step is timed alone: compile time), then the timed steps."""
+def train(model, make_inputs, spec: dict, mode: str, args, compile_fn=None) -> dict:
+    """Warm-up (the first step is timed alone: compile time), then the timed steps. `compile_fn`
+    replaces the mode's own torch.compile call (the remat sweep passes its own options)."""
     x, targets = make_inputs(spec["batch"], spec["seq"])
     opt = make_optimizer(model, args.device)
-    fn = compiled(model, mode)
+    fn = compile_fn(model) if compile_fn is not None else compiled(model, mode)
 
     def step():
         with autocast(args):

@@ -1,0 +1,147 @@
+"""Memory-budget sweep: colauto's rematerialization plans against Inductor's activation_memory_budget.
+
+    python -m bench.remat_sweep --models gpt2:124m:16:1024 --out bench/results/<dir>
+
+Per model: colauto (Inductor codegen, so plans are compared, not kernels) at budgets that leave 100%,
+75% and 50% of the unconstrained activation memory (predicted peak minus parameters, gradients and
+optimizer state) and at the smallest feasible budget; torch.compile's default backend with
+torch._functorch.config.activation_memory_budget at each of --inductor-budgets. Writes sweep.json,
+sweep.md and a Pareto plot (tokens/s against measured peak, one curve per system and model).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import colauto_backend
+from bench.run import GiB, autocast, environment, parse_models, train
+from examples.models import build
+
+
+def colauto_budgets(model, make_inputs, spec, args) -> list[tuple[str, int]]:
+    """(label, bytes): 100/75/50% of the predicted unconstrained activation memory, and the smallest."""
+    inputs = make_inputs(spec["batch"], spec["seq"])
+    with autocast(args):
+        # the same graph the runs compile: Inductor codegen means Inductor's decompositions
+        prof = colauto_backend.profile(model, *inputs, options={"memory_budget": "none", "codegen": "inductor"})
+        d = prof.details
+        persistent = d["param_bytes"] + d["grad_bytes"] + d["optimizer_state_bytes"]
+        activations = prof.peak_memory_bytes - persistent
+        out = [(f"{int(f * 100)}% act", int(persistent + f * activations)) for f in (1.0, 0.75, 0.5)]
+        try:
+            colauto_backend.explain(model, *inputs, budget=1024, options={"codegen": "inductor"})
+        except colauto_backend.BudgetError as err:
+            out.append(("smallest", err.smallest_bytes))
+    torch._dynamo.reset()
+    return out
+
+
+def run(spec, system: str, setting, args) -> dict:
+    row = dict(spec, system=system, setting=setting[0] if system == "colauto" else setting, error=None)
+    model = None
+    try:
+        model, make_inputs = build(spec["model"], spec["size"], device=args.device)
+        if system == "colauto":
+            label, budget = setting
+            options = {"codegen": "inductor", "memory_budget": budget}
+            with autocast(args):
+                plan = colauto_backend.explain(model, *make_inputs(spec["batch"], spec["seq"]), budget=budget,
+                                               options={"codegen": "inductor"})
+            torch._dynamo.reset()
+            row.update(budget_bytes=budget, pred_peak_bytes=plan.peak_with_bytes,
+                       pred_recompute_s=plan.recompute_time_s, plan_s=plan.plan_s)
+            with_backend = lambda m: torch.compile(m, backend="colauto", options=options)  # noqa: E731
+        else:
+            with_backend = torch.compile
+        patch = torch._functorch.config.patch(activation_memory_budget=float(setting) if system == "inductor" else 1.0)
+        with patch:
+            row.update(train(model, make_inputs, spec, "custom", args, compile_fn=with_backend))
+    except Exception as exc:  # noqa: BLE001 - a failed point is recorded, never dropped
+        row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
+    finally:
+        del model
+        torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
+    return row
+
+
+def markdown(rows) -> str:
+    lines = ["| model | B | system | setting | tokens/s | measured peak GiB | budget GiB | predicted peak GiB | warm-up s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        head = f"| {r['model']} {r['size']} | {r['batch']} | {r['system']} | {r['setting']} |"
+        if r["error"]:
+            lines.append(head + f" FAILED: {r['error'][:150]} | | | | |")
+            continue
+        gib = lambda k: f"{r[k] / GiB:.2f}" if r.get(k) else ""  # noqa: E731
+        lines.append(head + f" {r['tokens_per_s']:,.0f} | {gib('peak_bytes')} | {gib('budget_bytes')} | "
+                     f"{gib('pred_peak_bytes')} | {r['warmup_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipped the Pareto plot")
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ok = [r for r in rows if not r["error"]]
+    for key in sorted({(r["model"], r["size"], r["system"]) for r in ok}):
+        pts = sorted(((r["peak_bytes"] or 0) / GiB, r["tokens_per_s"]) for r in ok
+                     if (r["model"], r["size"], r["system"]) == key)
+        ax.plot(*zip(*pts), "o-" if key[2] == "colauto" else "s--", label=" ".join(key))
+    ax.set_xlabel("measured peak memory (GiB)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("memory budget sweep: colauto plans vs Inductor activation_memory_budget")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", type=parse_models, default=parse_models("gpt2:124m:16:1024"))
+    ap.add_argument("--inductor-budgets", default="1.0,0.5,0.2")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"   # CPU: a smoke test only
+    args.dtype = "bf16" if args.device == "cuda" else "fp32"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(args, sys.argv[1:] if argv is None else list(argv))
+    rows = []
+    for spec in args.models:
+        model, make_inputs = build(spec["model"], spec["size"], device=args.device)
+        points = [("colauto", b) for b in colauto_budgets(model, make_inputs, spec, args)]
+        del model
+        points += [("inductor", float(b)) for b in args.inductor_budgets.split(",")]
+        for system, setting in points:
+            t0 = time.perf_counter()
+            row = run(spec, system, setting, args)
+            rows.append(row)
+            print(f"{spec['model']} {spec['size']} {system} {row['setting']}: "
+                  + (f"FAILED {row['error']}" if row["error"] else
+                     f"{row['tokens_per_s']:,.0f} tok/s, peak {(row['peak_bytes'] or 0) / GiB:.2f} GiB")
+                  + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+            (out / "sweep.json").write_text(json.dumps(dict(environment=env, rows=rows), indent=1) + "\n")
+            (out / "sweep.md").write_text(markdown(rows))
+    plot(rows, out / "sweep.png")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
