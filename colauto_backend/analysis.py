@@ -34,6 +34,7 @@ class Analysis:
     hints: dict[sympy.Symbol, int]           # graph symbol -> example size
     cost_s: float
     joint: fx.GraphModule | None = None       # the graph costed (joint fwd+bwd, or inference)
+    fused: bool = False                       # memory modelled for Inductor code (fused intermediates)
     recomputed: frozenset[str] = frozenset()  # forward nodes the backward runs again (the remat plan)
     plan: Any = None                          # the planner.Plan that chose `recomputed`, if any
 
@@ -41,7 +42,8 @@ class Analysis:
                       param_indices: Sequence[int], recomputed: frozenset[str]) -> "Analysis":
         """The same cost table with the memory timeline of another partition of the same joint graph."""
         timeline = memory.simulate_step(fw, bw, param_indices=param_indices, num_fwd_outputs=num_fwd_outputs,
-                                        basis=self.basis, device=self.device, optimizer=self.optimizer)
+                                        basis=self.basis, device=self.device, optimizer=self.optimizer,
+                                        fused=self.fused)
         return dataclasses.replace(self, timeline=timeline, recomputed=recomputed)
 
     @functools.cached_property
@@ -136,13 +138,13 @@ def _optimizer_moved(optimizer: str, params: int, grads: int, opt: int) -> int:
 
 def analyze(joint: fx.GraphModule, fw: fx.GraphModule | None, bw: fx.GraphModule | None, *,
             num_fwd_outputs: int, param_indices: Sequence[int], device: DeviceSpec, optimizer: str,
-            sources: dict, hints: dict) -> Analysis:
+            sources: dict, hints: dict, fused: bool = False) -> Analysis:
     """Build the symbolic cost model (timed: this is `timings['cost_s']`)."""
     start = time.perf_counter()
     basis = Basis()
     costs = table.build(joint.graph, basis)
     timeline = memory.simulate_step(fw if fw is not None else joint, bw, param_indices=param_indices,
                                     num_fwd_outputs=num_fwd_outputs, basis=basis, device=device,
-                                    optimizer=optimizer if bw is not None else "none")
+                                    optimizer=optimizer if bw is not None else "none", fused=fused)
     return Analysis(costs, timeline, basis, device, optimizer, sources, hints, time.perf_counter() - start,
-                    joint=joint)
+                    joint=joint, fused=fused)

@@ -38,7 +38,7 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
             env = compat.shape_env_of(joint.graph)
             return analyze(joint, fw, bw, num_fwd_outputs=num_fwd_outputs, param_indices=params,
                            device=device, optimizer=config.optimizer, sources=compat.symbol_sources(env),
-                           hints=compat.symbol_hints(env))
+                           hints=compat.symbol_hints(env), fused=config.codegen == "inductor")
 
         def publish(analysis: Analysis) -> None:
             ANALYSES.append(analysis)

@@ -78,12 +78,16 @@ def _kept_bytes(n: fx.Node, subs: dict) -> float:
     val = n.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return 0.0
-    return _at(storage_nbytes(val), tuple(subs.items()))
+    return value_at(storage_nbytes(val), subs)
+
+
+def value_at(expr, subs: dict) -> float:
+    """A size expression at concrete sizes (cached: repeated layers share their expressions)."""
+    return _value_at(expr, tuple(subs.items()))
 
 
 @functools.lru_cache(maxsize=4096)
-def _at(expr, subs: tuple) -> float:
-    """A size expression at concrete sizes (cached: repeated layers share their expressions)."""
+def _value_at(expr, subs: tuple) -> float:
     return float(sympy.sympify(expr).xreplace(dict(subs)))
 
 

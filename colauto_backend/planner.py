@@ -76,6 +76,10 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     if budget is None or base["peak_memory_bytes"] <= budget:
         return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
     times = graph.node_times(baseline.costs, base["_node_times"])
+    if baseline.fused:   # Inductor fuses a recomputed memory-bound op into the backward kernel that reads
+        bw = baseline.device.bandwidth   # it: the cost is re-reading its inputs, not a kernel of its own
+        times.update({c.name: graph.value_at(c.read, baseline.hints) / bw
+                      for c in baseline.costs.nodes if c.kind == "memory"})
     # A tensor the backward first reads at or before the step's peak is live at the peak whether it
     # is kept or recomputed: recomputing it costs time and saves nothing, so it is pinned.
     phase, _, at = base["peak_at"].partition(":")

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from .device import DeviceSpec
-from .flops import is_aliasing
+from .flops import classify, is_aliasing
 from .poly import Basis
 from .shapes import Expr, storage_nbytes, sym, tensors_in
 
@@ -40,9 +40,26 @@ class Timeline:
     inputs: Expr
 
 
+def fused_away(graph: fx.Graph) -> set[fx.Node]:
+    """Memory-bound nodes that Inductor computes inside their consumers' kernels, never writing them to
+    memory: every consumer (looking through views) is itself memory-bound and fusible, and the graph
+    does not return them. Matmul-class and unknown ops read materialized buffers."""
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    returned = set(list(graph.nodes)[-1].all_input_nodes)
+    kind = {n: classify(n.target, bool(tensors_in(n.meta.get("val")))) for n in nodes}
+    needed: dict[fx.Node, bool] = {}
+    for n in reversed(nodes):
+        needed[n] = n in returned or any(
+            u.op != "call_function" or kind[u] in ("matmul", "unknown") or (kind[u] == "view" and needed[u])
+            for u in n.users)
+    return {n for n in nodes if kind[n] == "memory" and not needed[n]
+            and not isinstance(n.meta.get("val"), (tuple, list))}
+
+
 class _Sim:
-    def __init__(self, basis: Basis, device: DeviceSpec) -> None:
-        self.basis, self.device = basis, device
+    def __init__(self, basis: Basis, device: DeviceSpec, fused: bool = False) -> None:
+        self.basis, self.device, self.fused = basis, device, fused
+        self.virtual: set[fx.Node] = set()
         self.size: list[tuple] = []           # storage id -> sparse size
         self.refs: list[int] = []             # storage id -> live references
         self.state = np.zeros(0)
@@ -88,6 +105,7 @@ class _Sim:
         """Simulate one graph. env: placeholder name -> storages (given by the caller, already referenced
         once per placeholder). Returns the storages of each graph output, each referenced once more."""
         nodes = list(graph.nodes)
+        self.virtual = fused_away(graph) if self.fused else set()
         last_use: dict[fx.Node, fx.Node] = {}
         for n in nodes:
             for a in n.all_input_nodes:
@@ -144,6 +162,8 @@ class _Sim:
             for s in sids:
                 self.ref(s)
             return sids
+        if n in self.virtual:   # fused into its consumers: a zero-byte placeholder keeps refcounts uniform
+            return [self.new(sym(0)) for _ in tensors_in(val)]
         return [self.new(storage_nbytes(t)) for t in tensors_in(val)]
 
 
@@ -161,9 +181,11 @@ def _placeholder_bytes(n: fx.Node) -> Expr:
 
 
 def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indices: Sequence[int],
-                  num_fwd_outputs: int, basis: Basis, device: DeviceSpec, optimizer: str) -> Timeline:
-    """Memory in use through forward, backward and the optimizer step (see module docstring)."""
-    sim = _Sim(basis, device)
+                  num_fwd_outputs: int, basis: Basis, device: DeviceSpec, optimizer: str,
+                  fused: bool = False) -> Timeline:
+    """Memory in use through forward, backward and the optimizer step (see module docstring).
+    `fused`: the graphs run as Inductor code, so `fused_away` intermediates take no memory."""
+    sim = _Sim(basis, device, fused)
     fw_ph = [n for n in fw.graph.nodes if n.op == "placeholder"]
     params = set(param_indices)
     total = {"params": sym(0), "inputs": sym(0), "grads": sym(0), "opt": sym(0), "saved": sym(0)}
