@@ -41,9 +41,10 @@ class Timeline:
 
 
 def fused_away(graph: fx.Graph) -> set[fx.Node]:
-    """Memory-bound nodes that Inductor computes inside their consumers' kernels, never writing them to
-    memory: every consumer (looking through views) is itself memory-bound and fusible, and the graph
-    does not return them. Matmul-class and unknown ops read materialized buffers."""
+    """Memory-bound nodes that Inductor computes inside their consumer's kernel, never writing them to
+    memory: one consumer (looking through views), itself memory-bound, and not returned by the graph.
+    Matmul-class and unknown ops read materialized buffers; a node read by several kernels (say a
+    reduction and a pointwise op) is materialized, as Inductor does for all but trivial producers."""
     nodes = [n for n in graph.nodes if n.op == "call_function"]
     returned = set(list(graph.nodes)[-1].all_input_nodes)
     kind = {n: classify(n.target, bool(tensors_in(n.meta.get("val")))) for n in nodes}
@@ -52,7 +53,7 @@ def fused_away(graph: fx.Graph) -> set[fx.Node]:
         needed[n] = n in returned or any(
             u.op != "call_function" or kind[u] in ("matmul", "unknown") or (kind[u] == "view" and needed[u])
             for u in n.users)
-    return {n for n in nodes if kind[n] == "memory" and not needed[n]
+    return {n for n in nodes if kind[n] == "memory" and not needed[n] and len(n.users) == 1
             and not isinstance(n.meta.get("val"), (tuple, list))}
 
 
