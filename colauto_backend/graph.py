@@ -43,8 +43,8 @@ def _produces_tensor(n: fx.Node) -> bool:
 
 
 def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, units: int = 512,
-                  pinned: frozenset[str] = frozenset(), buffers: frozenset[str] = frozenset()
-                  ) -> tuple[RematProblem, list[fx.Node], float]:
+                  pinned: frozenset[str] = frozenset(), buffers: frozenset[str] = frozenset(),
+                  keep_time: dict[str, float] | None = None) -> tuple[RematProblem, list[fx.Node], float]:
     """The problem over the forward DAG, its nodes in solver order, and the bytes per memory unit.
     `pinned` nodes may not be recomputed (doing so could not lower the peak, see planner). Nor may an
     op that reads a buffer placeholder (BatchNorm running stats): the step updates buffers in place
@@ -70,7 +70,9 @@ def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, unit
         can_keep.append(not multi and not view)       # a tuple is saved through its getitems; a view through its base
         # a random op would change its values; a pinned one is kept if it can be
         can_recompute.append(not random and n not in reads_buffer and not (n.name in pinned and can_keep[-1]))
-    problem = RematProblem(tuple(size), tuple(time), tuple(inputs), tuple(needed), tuple(can_keep), tuple(can_recompute))
+    kept = tuple(float((keep_time or {}).get(n.name, 0.0)) for n in nodes)
+    problem = RematProblem(tuple(size), tuple(time), tuple(inputs), tuple(needed), tuple(can_keep),
+                           tuple(can_recompute), kept)
     return problem, nodes, quantum
 
 

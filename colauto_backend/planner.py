@@ -24,6 +24,10 @@ from .report import fmt_bytes
 from .solver import remat as solver
 
 
+# Under Inductor, the part of a recomputed memory-bound op's input bytes that its fused backward kernel
+# reads only because of the recomputation (the rest it reads anyway). A modelling assumption, not a
+# measurement: a chain of pointwise ops recomputed inside one kernel reads its materialized inputs once.
+FUSED_RECOMPUTE_FRACTION = 0.1
 # Frontier points whose peak may be simulated (each costs one partition + memory simulation).
 MAX_CANDIDATES = 16
 
@@ -73,19 +77,26 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     `buffers` are the placeholders of non-trainable module state (see graph.remat_problem)."""
     start = time.perf_counter()
     base = baseline.evaluate(baseline.hints)
-    if budget is None or base["peak_memory_bytes"] <= budget:
+    # Under aten codegen the unplanned partition is the fastest plan; under Inductor it is not (keeping
+    # a fusible intermediate costs a write and a read), so the DP runs whenever the codegen fuses.
+    if not baseline.fused and (budget is None or base["peak_memory_bytes"] <= budget):
         return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
     times = graph.node_times(baseline.costs, base["_node_times"])
+    keep_time: dict[str, float] = {}
     if baseline.fused:   # Inductor fuses a recomputed memory-bound op into the backward kernel that reads
-        bw = baseline.device.bandwidth   # it: the cost is re-reading its inputs, not a kernel of its own
-        times.update({c.name: graph.value_at(c.read, baseline.hints) / bw
-                      for c in baseline.costs.nodes if c.kind == "memory"})
-    # A tensor the backward first reads at or before the step's peak is live at the peak whether it
-    # is kept or recomputed: recomputing it costs time and saves nothing, so it is pinned.
+        bw = baseline.device.bandwidth   # it, so it costs a fraction of its input reads, not a kernel;
+        for c in baseline.costs.nodes:   # keeping it costs writing it in forward and reading it back
+            if c.kind == "memory":
+                times[c.name] = FUSED_RECOMPUTE_FRACTION * graph.value_at(c.read, baseline.hints) / bw
+                keep_time[c.name] = 2 * graph.value_at(c.written, baseline.hints) / bw
+    # Op by op (aten), a tensor the backward first reads at or before the step's peak is live at the
+    # peak whether it is kept or recomputed: recomputing it costs time and saves nothing, so it is
+    # pinned. Under Inductor a recomputed memory-bound op fuses into its reader and never exists.
     phase, _, at = base["peak_at"].partition(":")
-    pinned = graph.read_by_backward_before(joint.graph, at) if phase == "bwd" else frozenset()
+    pinned = (graph.read_by_backward_before(joint.graph, at) if phase == "bwd" and not baseline.fused
+              else frozenset())
     problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned,
-                                                  buffers=buffers)
+                                                  buffers=buffers, keep_time=keep_time)
     frontier = solver.solve(problem)
     solve_s = time.perf_counter() - start
     # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
@@ -101,11 +112,12 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
         simulated[k] = analysis.evaluate(analysis.hints)
         return (fw, bw), analysis
 
+    limit = float("inf") if budget is None else budget
     for k in candidates:                                          # fastest plan first
-        if held + frontier.memory[k] * quantum - len(nodes) * quantum > budget:   # cannot fit
+        if held + frontier.memory[k] * quantum - len(nodes) * quantum > limit:   # cannot fit
             continue
         graphs, analysis = simulate(k)
-        if simulated[k]["peak_memory_bytes"] <= budget:
+        if simulated[k]["peak_memory_bytes"] <= limit:
             p = _describe(budget, base, simulated[k], analysis, len(frontier.memory), len(simulated),
                           quantum, solve_s, start)
             return p, graphs, analysis

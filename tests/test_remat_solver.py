@@ -44,7 +44,8 @@ def random_problem(rng: random.Random, n: int) -> RematProblem:
         inputs=tuple(tuple(sorted(rng.sample(range(i), k=min(i, rng.randint(0, 3))))) for i in range(n)),
         needed=tuple(rng.random() < 0.5 for _ in range(n)),
         can_keep=tuple(rng.random() < 0.85 for _ in range(n)),
-        can_recompute=tuple(rng.random() < 0.85 for _ in range(n)))
+        can_recompute=tuple(rng.random() < 0.85 for _ in range(n)),
+        keep_time=tuple(float(rng.randint(0, 3)) for _ in range(n)) if rng.random() < 0.5 else ())
 
 
 @pytest.mark.parametrize("seed", range(200))

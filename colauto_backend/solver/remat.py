@@ -5,10 +5,13 @@ Problem (`RematProblem`, forward nodes 0..n-1 in topological order):
   time[i]    seconds to recompute node i in backward
   inputs[i]  forward nodes node i reads (parameters and graph inputs are always available)
   needed[i]  backward reads node i directly
+  keep_time[i] seconds that keeping node i costs (optional: under Inductor a fused intermediate that is
+             kept must be written in forward and read in backward; recomputing it fuses for free)
 A plan keeps a set K. Node i is *demanded* if needed[i], or if a demanded node that is recomputed
 reads it. A demanded node is kept (cost size[i] memory) or recomputed (cost time[i], and all its
-inputs become demanded). Objective: for every memory level m, the least recompute time
-    T(m) = min_K { sum_{i demanded, i not in K} time[i]  :  sum_{i demanded, i in K} size[i] <= m }.
+inputs become demanded). Objective: for every memory level m, the least added time
+    T(m) = min_K { sum_{i demanded, not in K} time[i] + sum_{i demanded, in K} keep_time[i]
+                   :  sum_{i demanded, i in K} size[i] <= m }.
 
 DP. Walk the nodes from last to first. The state after visiting nodes j..n-1 is D, the set of
 not-yet-visited nodes that visited, recomputed nodes demand (a subset of the tensors live across
@@ -16,7 +19,7 @@ position j, so it stays small: the residual stream and a few attention tensors i
 Value: an array over exact memory m of the least time. Visiting node j with state D:
     demanded = needed[j] or j in D;  D0 = D - {j}
     not demanded:          V'[D0][m]                 <- V[D][m]
-    keep (if allowed):     V'[D0][m + size[j]]       <- V[D][m]
+    keep (if allowed):     V'[D0][m + size[j]]       <- V[D][m] + keep_time[j]
     recompute (if allowed):V'[D0 | inputs[j]][m]     <- V[D][m] + time[j]
 Each transition keeps a back-pointer, so any point of the final Pareto frontier (memory, time)
 can be turned back into per-node decisions. Complexity: O(n * S * M) for S states per step and M
@@ -41,10 +44,14 @@ class RematProblem:
     needed: tuple[bool, ...]
     can_keep: tuple[bool, ...]
     can_recompute: tuple[bool, ...]
+    keep_time: tuple[float, ...] = ()     # empty: keeping costs no time
 
     def __post_init__(self) -> None:
         n = len(self.size)
-        if not all(len(f) == n for f in (self.time, self.inputs, self.needed, self.can_keep, self.can_recompute)):
+        if not self.keep_time:
+            object.__setattr__(self, "keep_time", (0.0,) * n)
+        if not all(len(f) == n for f in (self.time, self.inputs, self.needed, self.can_keep, self.can_recompute,
+                                         self.keep_time)):
             raise ValueError("RematProblem: all fields need one entry per node")
         for i, ins in enumerate(self.inputs):
             if any(not 0 <= p < i for p in ins):
@@ -91,7 +98,7 @@ def solve(p: RematProblem) -> Frontier:
             if p.can_keep[j]:
                 shifted = np.full(M + 1, INF)
                 if p.size[j] <= M:
-                    shifted[p.size[j]:] = v[: M + 1 - p.size[j]]
+                    shifted[p.size[j]:] = v[: M + 1 - p.size[j]] + p.keep_time[j]
                 cands.setdefault(rest, []).append((shifted, idx, KEEP))
             if p.can_recompute[j]:
                 cands.setdefault(rest | frozenset(p.inputs[j]), []).append((v + p.time[j], idx, RECOMPUTE))
@@ -113,7 +120,7 @@ def solve(p: RematProblem) -> Frontier:
 
 
 def evaluate(p: RematProblem, keep: tuple[bool, ...]) -> tuple[int, float] | None:
-    """(memory, recompute time) of keeping exactly `keep`; None if a demanded node can be neither."""
+    """(memory, added time) of keeping exactly `keep`; None if a demanded node can be neither."""
     demanded = list(p.needed)
     mem, t = 0, 0.0
     for j in range(len(p.size) - 1, -1, -1):
@@ -123,6 +130,7 @@ def evaluate(p: RematProblem, keep: tuple[bool, ...]) -> tuple[int, float] | Non
             if not p.can_keep[j]:
                 return None
             mem += p.size[j]
+            t += p.keep_time[j]
         else:
             if not p.can_recompute[j]:
                 return None
