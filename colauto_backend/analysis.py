@@ -19,9 +19,6 @@ from .cost.device import DeviceSpec
 from .cost.poly import Basis
 from .cost.shapes import Expr
 
-SYMBOLIC_KEYS = ("flops_fwd", "flops_bwd", "saved_activation_bytes", "param_bytes", "grad_bytes",
-                 "optimizer_state_bytes", "input_bytes")
-
 
 @dataclasses.dataclass
 class Analysis:
