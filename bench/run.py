@@ -121,13 +121,14 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def predict(model, make_inputs, spec: dict, args) -> dict:
+def predict(model, make_inputs, spec: dict, args, options: dict | None) -> dict:
     """colauto's prediction for this model, made before any training allocates memory."""
     # fresh inputs: profile() marks its inputs' dims dynamic, which must not leak into training
     inputs = make_inputs(spec["batch"], spec["seq"])
     t0 = time.perf_counter()
     with autocast(args):
-        prof = colauto_backend.profile(model, *inputs, options={"optimizer": "adamw"})
+        # the mode's own options (codegen): the prediction must describe the plan that will run
+        prof = colauto_backend.profile(model, *inputs, options={"optimizer": "adamw", **(options or {})})
     pred = dict(pred_peak_bytes=prof.peak_memory_bytes, pred_step_time_s=prof.est_step_time_s,
                 pred_saved_activation_bytes=prof.saved_activation_bytes, peak_at=prof.details["peak_at"],
                 profile_s=time.perf_counter() - t0)
@@ -189,7 +190,7 @@ def run_one(spec: dict, mode: str, args) -> dict:
             row["codegen"] = colauto_config.load(COLAUTO_MODES[mode]).codegen
         model, make_inputs = build(spec["model"], spec["size"], device=args.device)  # fp32 weights
         if mode in COLAUTO_MODES:
-            row.update(predict(model, make_inputs, spec, args))
+            row.update(predict(model, make_inputs, spec, args, COLAUTO_MODES[mode]))
         row.update(train(model, make_inputs, spec, mode, args))
         if row.get("pred_peak_bytes") and row["peak_bytes"]:
             row["peak_error"] = row["pred_peak_bytes"] / row["peak_bytes"] - 1
