@@ -31,10 +31,12 @@ def brute_force(p: RematProblem) -> list[tuple[int, float]]:
 
 def check_against_brute_force(p: RematProblem) -> None:
     frontier = solve(p)
-    got = list(zip(frontier.memory.tolist(), frontier.time.tolist()))
-    assert got == pytest.approx(brute_force(p))
-    for k, (m, t) in enumerate(got):       # each point's decisions reproduce its memory and time
-        assert evaluate(p, frontier.keep(k)) == pytest.approx((m, t))
+    expected = brute_force(p)
+    assert frontier.memory.tolist() == [m for m, _ in expected]
+    assert frontier.time.tolist() == pytest.approx([t for _, t in expected])
+    for k, (m, t) in enumerate(zip(frontier.memory.tolist(), frontier.time.tolist())):
+        memory, seconds = evaluate(p, frontier.keep(k))   # each point's decisions reproduce it
+        assert memory == m and seconds == pytest.approx(t)
 
 
 def random_problem(rng: random.Random, n: int) -> RematProblem:
