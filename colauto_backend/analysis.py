@@ -19,6 +19,11 @@ from .cost.device import DeviceSpec
 from .cost.poly import Basis
 from .cost.shapes import Expr
 
+# Under Inductor, the part of a recomputed memory-bound op's input bytes that its fused backward kernel
+# reads only because of the recomputation (the rest it reads anyway). A modelling assumption, not a
+# measurement: a chain of pointwise ops recomputed inside one kernel reads its materialized inputs once.
+FUSED_RECOMPUTE_FRACTION = 0.1
+
 
 @dataclasses.dataclass
 class Analysis:
@@ -70,13 +75,20 @@ class Analysis:
         fwd = np.array([n.phase == "fwd" for n in self.costs.nodes], dtype=bool)
         node_flops = table._pad(self.costs.flops, k) @ values
         times = self.costs.node_times(values, self.device)
+        if self.fused:   # ops fused into a consumer's kernel launch nothing and write nothing
+            times = np.where([n.name in self.timeline.fused for n in self.costs.nodes], 0.0, times)
         mem = self.timeline.rows @ values if len(self.timeline.rows) else np.zeros(1)
         peak_i = int(np.argmax(mem))
         ev = lambda e: int(round(float(sympy.sympify(e).xreplace(subs))))  # noqa: E731
         params, grads, opt = ev(self.timeline.params), ev(self.timeline.grads), ev(self.timeline.optimizer_state)
         opt_time = _optimizer_moved(self.optimizer, params, grads, opt) / self.device.bandwidth
         again = np.array([n.name in self.recomputed for n in self.costs.nodes], dtype=bool)
-        recompute_time = float(times[again].sum())
+        again_times = times
+        if self.fused:   # a recomputed memory-bound op runs inside the fused kernel that reads it
+            memory_bound = np.array([n.kind == "memory" for n in self.costs.nodes], dtype=bool)
+            fused_cost = FUSED_RECOMPUTE_FRACTION * (table._pad(self.costs.read, k) @ values) / self.device.bandwidth
+            again_times = np.where(memory_bound, fused_cost, times)
+        recompute_time = float(again_times[again].sum())
         return {
             "flops_fwd": int(round(node_flops[fwd].sum())),
             "flops_bwd": int(round(node_flops[~fwd].sum())),

@@ -18,16 +18,12 @@ from typing import Any, Callable
 import torch.fx as fx
 
 from . import graph
-from .analysis import Analysis, layer_of
+from .analysis import FUSED_RECOMPUTE_FRACTION, Analysis, layer_of
 from .emit import remat as emit
 from .report import fmt_bytes
 from .solver import remat as solver
 
 
-# Under Inductor, the part of a recomputed memory-bound op's input bytes that its fused backward kernel
-# reads only because of the recomputation (the rest it reads anyway). A modelling assumption, not a
-# measurement: a chain of pointwise ops recomputed inside one kernel reads its materialized inputs once.
-FUSED_RECOMPUTE_FRACTION = 0.1
 # Frontier points whose peak may be simulated (each costs one partition + memory simulation).
 MAX_CANDIDATES = 16
 

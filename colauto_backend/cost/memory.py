@@ -38,6 +38,7 @@ class Timeline:
     saved: Expr                 # activations the forward keeps for backward (no parameter aliases)
     saved_nodes: list[tuple[str, Expr]]   # (forward node, bytes) of each saved storage, counted once
     inputs: Expr
+    fused: frozenset[str] = frozenset()   # nodes computed inside a consumer's kernel (Inductor codegen)
 
 
 def fused_away(graph: fx.Graph) -> set[fx.Node]:
@@ -61,6 +62,7 @@ class _Sim:
     def __init__(self, basis: Basis, device: DeviceSpec, fused: bool = False) -> None:
         self.basis, self.device, self.fused = basis, device, fused
         self.virtual: set[fx.Node] = set()
+        self.fused_names: set[str] = set()
         self.size: list[tuple] = []           # storage id -> sparse size
         self.refs: list[int] = []             # storage id -> live references
         self.state = np.zeros(0)
@@ -107,6 +109,7 @@ class _Sim:
         once per placeholder). Returns the storages of each graph output, each referenced once more."""
         nodes = list(graph.nodes)
         self.virtual = fused_away(graph) if self.fused else set()
+        self.fused_names.update(n.name for n in self.virtual)
         last_use: dict[fx.Node, fx.Node] = {}
         for n in nodes:
             for a in n.all_input_nodes:
@@ -235,7 +238,7 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
     return Timeline(rows=np.array([np.pad(r, (0, len(basis.terms) - len(r))) for r in sim.rows]),
                     labels=sim.labels, params=total["params"], grads=total["grads"],
                     optimizer_state=total["opt"], saved=total["saved"], inputs=total["inputs"],
-                    saved_nodes=saved_nodes)
+                    saved_nodes=saved_nodes, fused=frozenset(sim.fused_names))
 
 
 def _size_expr(basis: Basis, sparse) -> Expr:

@@ -42,6 +42,7 @@ class CostTable:
     basis: Basis
     flops: np.ndarray      # (n_nodes, n_terms)
     moved: np.ndarray      # bytes read + written
+    read: np.ndarray       # bytes read
     launches: np.ndarray   # 1 where the node launches a kernel
     half: np.ndarray       # True where the low-precision matmul rate applies
 
@@ -121,7 +122,7 @@ def module_path(n: fx.Node) -> str:
 
 def build(graph: fx.Graph, basis: Basis) -> CostTable:
     """Cost every call node of `graph` (nodes tagged is_backward count as the backward phase)."""
-    nodes, f_rows, m_rows, launches = [], [], [], []
+    nodes, f_rows, m_rows, r_rows, launches = [], [], [], [], []
     for n in graph.nodes:
         if n.op != "call_function":
             continue
@@ -133,8 +134,9 @@ def build(graph: fx.Graph, basis: Basis) -> CostTable:
         nodes.append(cost)
         f_rows.append(basis.sparse(fl))
         m_rows.append(basis.sparse(rd + wr))
+        r_rows.append(basis.sparse(rd))
         launches.append(0.0 if kind == "view" else 1.0)
-    return CostTable(nodes, basis, basis.dense(f_rows), basis.dense(m_rows), np.array(launches),
+    return CostTable(nodes, basis, basis.dense(f_rows), basis.dense(m_rows), basis.dense(r_rows), np.array(launches),
                      np.array([n.half for n in nodes], dtype=bool))
 
 
