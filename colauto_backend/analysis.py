@@ -54,9 +54,25 @@ class Analysis:
         return {s: sympy.Symbol(f"{arg}_{dim}", integer=True, positive=True)
                 for s, (arg, dim) in self.sources.items()}
 
+    @functools.cached_property
+    def _is_fwd(self) -> np.ndarray:
+        return np.array([n.phase == "fwd" for n in self.costs.nodes], dtype=bool)
+
+    @functools.cached_property
+    def _is_memory_bound(self) -> np.ndarray:
+        return np.array([n.kind == "memory" for n in self.costs.nodes], dtype=bool)
+
+    def recompute_times(self, values: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """Seconds the backward spends re-running each node. Under Inductor a recomputed memory-bound
+        op runs inside the fused kernel that reads it: a fraction of its input reads, no kernel."""
+        if not self.fused:
+            return times
+        reads = table._pad(self.costs.read, len(values)) @ values
+        return np.where(self._is_memory_bound, FUSED_RECOMPUTE_FRACTION * reads / self.device.bandwidth, times)
+
     def symbolic(self) -> dict[str, Expr]:
         """Totals as sympy expressions over the readable size symbols."""
-        fwd = np.array([n.phase == "fwd" for n in self.costs.nodes])
+        fwd = self._is_fwd
         k = len(self.basis.terms)
         flops = table._pad(self.costs.flops, k)
         tl = self.timeline
@@ -72,7 +88,7 @@ class Analysis:
         """Every number of a Profile at the sizes `subs` (graph symbol -> int)."""
         values = self.basis.values(subs)
         k = len(values)
-        fwd = np.array([n.phase == "fwd" for n in self.costs.nodes], dtype=bool)
+        fwd = self._is_fwd
         node_flops = table._pad(self.costs.flops, k) @ values
         times = self.costs.node_times(values, self.device)
         if self.fused:   # ops fused into a consumer's kernel launch nothing and write nothing
@@ -83,11 +99,7 @@ class Analysis:
         params, grads, opt = ev(self.timeline.params), ev(self.timeline.grads), ev(self.timeline.optimizer_state)
         opt_time = _optimizer_moved(self.optimizer, params, grads, opt) / self.device.bandwidth
         again = np.array([n.name in self.recomputed for n in self.costs.nodes], dtype=bool)
-        again_times = times
-        if self.fused:   # a recomputed memory-bound op runs inside the fused kernel that reads it
-            memory_bound = np.array([n.kind == "memory" for n in self.costs.nodes], dtype=bool)
-            fused_cost = FUSED_RECOMPUTE_FRACTION * (table._pad(self.costs.read, k) @ values) / self.device.bandwidth
-            again_times = np.where(memory_bound, fused_cost, times)
+        again_times = self.recompute_times(values, times)
         recompute_time = float(again_times[again].sum())
         return {
             "flops_fwd": int(round(node_flops[fwd].sum())),
@@ -103,12 +115,13 @@ class Analysis:
             "est_bwd_time_s": float(times[~fwd].sum() + recompute_time),
             "est_optimizer_time_s": float(opt_time),
             "unknown_cost_ops": self.costs.unknown_ops(),
-            "_node_flops": node_flops, "_node_times": times, "_values": values,
+            "_node_flops": node_flops, "_node_times": times, "_recompute_times": again_times,
+            "_values": values,
         }
 
-    def layers(self, subs: dict[sympy.Symbol, int]) -> list[dict]:
-        """Per-layer rows: module path (cut after the first layer index), FLOPs, saved bytes, time."""
-        ev = self.evaluate(subs)
+    def layers(self, subs: dict[sympy.Symbol, int], ev: dict) -> list[dict]:
+        """Per-layer rows: module path (cut after the first layer index), FLOPs, saved bytes, time.
+        `ev` is `evaluate(subs)`, which the caller already has."""
         rows: dict[str, dict] = {}
         name_to_layer = {}
         for n, f, t in zip(self.costs.nodes, ev["_node_flops"], ev["_node_times"]):

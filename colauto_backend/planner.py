@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch.fx as fx
 
 from . import graph
-from .analysis import FUSED_RECOMPUTE_FRACTION, Analysis, layer_of
+from .analysis import Analysis, layer_of
 from .emit import remat as emit
 from .report import fmt_bytes
 from .solver import remat as solver
@@ -77,14 +77,12 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     # a fusible intermediate costs a write and a read), so the DP runs whenever the codegen fuses.
     if not baseline.fused and (budget is None or base["peak_memory_bytes"] <= budget):
         return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
-    times = graph.node_times(baseline.costs, base["_node_times"])
+    times = graph.node_times(baseline.costs, base["_recompute_times"])
     keep_time: dict[str, float] = {}
-    if baseline.fused:   # Inductor fuses a recomputed memory-bound op into the backward kernel that reads
-        bw = baseline.device.bandwidth   # it, so it costs a fraction of its input reads, not a kernel;
-        for c in baseline.costs.nodes:   # keeping it costs writing it in forward and reading it back
-            if c.kind == "memory":
-                times[c.name] = FUSED_RECOMPUTE_FRACTION * graph.value_at(c.read, baseline.hints) / bw
-                keep_time[c.name] = 2 * graph.value_at(c.written, baseline.hints) / bw
+    if baseline.fused:   # under Inductor, keeping a fusible intermediate costs writing it in forward
+        bw = baseline.device.bandwidth   # and reading it back in backward
+        keep_time = {c.name: 2 * graph.value_at(c.written, baseline.hints) / bw
+                     for c in baseline.costs.nodes if c.kind == "memory"}
     # Op by op (aten), a tensor the backward first reads at or before the step's peak is live at the
     # peak whether it is kept or recomputed: recomputing it costs time and saves nothing, so it is
     # pinned. Under Inductor a recomputed memory-bound op fuses into its reader and never exists.

@@ -37,7 +37,7 @@ def summary(analysis: "Analysis", subs: dict | None = None) -> dict:
     totals = {k: v for k, v in ev.items() if not k.startswith("_")}
     sizes = {str(analysis.names.get(s, s)): v for s, v in subs.items()}
     return {"device": analysis.device.name, "optimizer": analysis.optimizer, "sizes": sizes,
-            "totals": totals, "layers": analysis.layers(subs),
+            "totals": totals, "layers": analysis.layers(subs, ev),
             "cost_model_s": analysis.cost_s,
             "plan": analysis.plan.to_dict() if analysis.plan is not None else None}
 
