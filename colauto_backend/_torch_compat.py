@@ -9,6 +9,7 @@ from torch._dynamo.backends.common import aot_autograd          # noqa: F401  (r
 from torch._dynamo.backends.debugging import boxed_nop          # boxed call: frees inputs at last use
 from torch._dynamo.exc import BackendCompilerFailed
 from torch._functorch.partitioners import default_partition    # noqa: F401  (re-exported)
+from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.fx.experimental import _config as fx_config
 
 
@@ -20,6 +21,19 @@ def run_as_aten(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 def inductor_decompositions() -> dict:
     from torch._inductor.decomposition import select_decomp_table
     return select_decomp_table()
+
+
+def min_cut_partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs) -> tuple:
+    """Inductor's own partitioner (min-cut over fusible ops); it honours MUST_SAVE/MUST_RECOMPUTE tags and
+    decides every untagged node itself."""
+    return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+
+
+def inductor_joint_passes(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The pattern rewrites Inductor runs on the joint graph before partitioning, so that colauto plans
+    the graph Inductor would compile."""
+    from torch._inductor.compile_fx import _recursive_joint_graph_passes
+    return _recursive_joint_graph_passes(joint)
 
 
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,

@@ -48,7 +48,11 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
 
         def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **kw):
             params = static_lifetime_input_indices or []
-            split = functools.partial(emit_remat.partition, joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+            fused = config.codegen == "inductor"
+            if fused:
+                joint = compat.inductor_joint_passes(joint)
+            split = functools.partial(emit_remat.partitioner(fused), joint, joint_inputs,
+                                      num_fwd_outputs=num_fwd_outputs,
                                       static_lifetime_input_indices=static_lifetime_input_indices)
             fw, bw = split()
             baseline = analyze_graph(joint, fw, bw, num_fwd_outputs, params)

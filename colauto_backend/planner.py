@@ -1,13 +1,20 @@
 """Choose what to recompute so the whole step fits the memory budget at the least added time.
 
-1. The DP (solver/remat.py) gives the exact Pareto frontier of (bytes kept for backward, recompute
-   time) over the forward DAG (graph.py).
-2. Walking a fixed set of frontier points (all, or MAX_CANDIDATES spread evenly) from the fastest
-   plan to the slowest, the first plan whose *simulated* step peak (cost/memory.py, on the partition
-   the tags really produce) fits the budget is taken. A plan is simulated only if a lower bound of
-   its peak (bytes held all step + bytes it keeps for backward) fits.
-This rule is monotone by construction: the set of acceptable plans only shrinks as the budget
-shrinks, so a smaller budget never gets a faster plan, nor one with a larger predicted peak.
+1. The unplanned partition is tried first: aten codegen saves everything backward needs; Inductor
+   codegen uses Inductor's min-cut partition (torch.compile's default). If its simulated peak fits,
+   it is the plan.
+2. Otherwise the DP (solver/remat.py) gives the exact Pareto frontier of (bytes kept for backward,
+   recompute time) over the forward DAG (graph.py). A fixed set of frontier points (all, or
+   MAX_CANDIDATES spread evenly) become candidate plans. Under Inductor codegen a candidate fixes only
+   the compute-bound nodes (matmuls, attention); the min-cut partitioner places the fusible ops
+   around them (emit/remat.py).
+3. Each candidate is partitioned for real and its step simulated (cost/memory.py); the plan is the
+   candidate with the least predicted step time whose simulated peak fits. A candidate is skipped
+   unsimulated only where a lower bound of its peak is over the budget (aten codegen: bytes held all
+   step + bytes it keeps for backward).
+The rule is monotone by construction: the candidate set does not depend on the budget, and a
+smaller budget only shrinks the set of candidates that fit, so it never gets a faster plan, nor one
+with a larger predicted peak.
 """
 from __future__ import annotations
 
@@ -73,9 +80,7 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     `buffers` are the placeholders of non-trainable module state (see graph.remat_problem)."""
     start = time.perf_counter()
     base = baseline.evaluate(baseline.hints)
-    # Under aten codegen the unplanned partition is the fastest plan; under Inductor it is not (keeping
-    # a fusible intermediate costs a write and a read), so the DP runs whenever the codegen fuses.
-    if not baseline.fused and (budget is None or base["peak_memory_bytes"] <= budget):
+    if budget is None or base["peak_memory_bytes"] <= budget:
         return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
     times = graph.node_times(baseline.costs, base["_recompute_times"])
     keep_time: dict[str, float] = {}
@@ -91,34 +96,44 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
               else frozenset())
     problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned,
                                                   buffers=buffers, keep_time=keep_time)
+    names = [n.name for n in nodes]
     frontier = solver.solve(problem)
     solve_s = time.perf_counter() - start
+    points = _candidates(len(frontier.memory))
+    if baseline.fused:   # each point twice: only its compute-bound decisions, and all of them
+        compute = {c.name for c in baseline.costs.nodes if c.kind == "matmul"}
+        choices = [frontier.choices(p) for p in points]
+        decisions = list(dict.fromkeys(
+            [_tags(ch, nodes, compute) for ch in choices] + [_tags(ch, nodes, None) for ch in choices]))
+        bounds = [0.0] * len(decisions)    # min-cut may keep less than the DP did: no bound
+    else:
+        decisions = [frontier.keep(p) for p in points]
+        bounds = [(frontier.memory[p] - len(nodes)) * quantum for p in points]
     # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
     held = base["param_bytes"] + base["optimizer_state_bytes"] + base["input_bytes"]
-    candidates = _candidates(len(frontier.memory))
-    simulated: dict[int, dict] = {}
-
-    def simulate(k: int):
-        emit.tag(nodes, frontier.keep(k))
-        fw, bw = partition()
-        emit.untag(nodes)
-        analysis = analysis_for(fw, bw)
-        simulated[k] = analysis.evaluate(analysis.hints)
-        return (fw, bw), analysis
-
     limit = float("inf") if budget is None else budget
-    for k in candidates:                                          # fastest plan first
-        if held + frontier.memory[k] * quantum - len(nodes) * quantum > limit:   # cannot fit
-            continue
-        graphs, analysis = simulate(k)
-        if simulated[k]["peak_memory_bytes"] <= limit:
-            p = _describe(budget, base, simulated[k], analysis, len(frontier.memory), len(simulated),
-                          quantum, solve_s, start)
-            return p, graphs, analysis
-    for k in candidates:        # nothing fits: find the least peak among the candidates to tell the user
-        if k not in simulated:
-            simulate(k)
-    least = min(simulated.values(), key=lambda ev: ev["peak_memory_bytes"])
+    simulated: dict[tuple, tuple[dict, tuple, Analysis]] = {}
+
+    def simulate(keep: tuple) -> None:
+        if keep in simulated:
+            return
+        emit.tag(joint.graph, names, keep)
+        fw, bw = partition()
+        emit.untag(joint.graph)
+        analysis = analysis_for(fw, bw)
+        simulated[keep] = (analysis.evaluate(analysis.hints), (fw, bw), analysis)
+
+    for keep, bound in zip(decisions, bounds):
+        if held + bound <= limit:
+            simulate(keep)
+    fits = [v for v in simulated.values() if v[0]["peak_memory_bytes"] <= limit]
+    if fits:
+        ev, graphs, analysis = min(fits, key=lambda v: v[0]["est_step_time_s"])
+        return (_describe(budget, base, ev, analysis, len(frontier.memory), len(simulated), quantum,
+                          solve_s, start), graphs, analysis)
+    for keep in decisions:      # nothing fits: find the least peak among the candidates to tell the user
+        simulate(keep)
+    least = min((v[0] for v in simulated.values()), key=lambda ev: ev["peak_memory_bytes"])
     persistent = least["param_bytes"] + least["grad_bytes"] + least["optimizer_state_bytes"]
     raise BudgetError(
         f"COLAUTO_MEMORY_BUDGET: {fmt_bytes(budget)} is below the smallest peak colauto found, "
@@ -126,6 +141,13 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
         f"{fmt_bytes(persistent)}, activations and temporaries "
         f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}); set it to at least that, or shrink the batch",
         least["peak_memory_bytes"])
+
+
+def _tags(choices: tuple[int, ...], nodes: list, only: set[str] | None) -> tuple[bool | None, ...]:
+    """Tags for min-cut: keep/recompute where the DP kept or recomputed a node (of `only`, if given);
+    None (min-cut decides) elsewhere."""
+    return tuple(c == solver.KEEP if c != solver.SKIP and (only is None or n.name in only) else None
+                 for n, c in zip(nodes, choices))
 
 
 def _candidates(n_points: int, most: int = MAX_CANDIDATES) -> list[int]:

@@ -41,11 +41,16 @@ class Timeline:
     fused: frozenset[str] = frozenset()   # nodes computed inside a consumer's kernel (Inductor codegen)
 
 
+# Inductor materializes a pointwise result read by more kernels than this (torch._inductor.config
+# realize_reads_threshold); below it, each reader recomputes the value inside its own loop.
+REALIZE_READS = 4
+
+
 def fused_away(graph: fx.Graph) -> set[fx.Node]:
-    """Memory-bound nodes that Inductor computes inside their consumer's kernel, never writing them to
-    memory: one consumer (looking through views), itself memory-bound, and not returned by the graph.
-    Matmul-class and unknown ops read materialized buffers; a node read by several kernels (say a
-    reduction and a pointwise op) is materialized, as Inductor does for all but trivial producers."""
+    """Memory-bound nodes that Inductor computes inside their consumers' kernels, never writing them to
+    memory: every consumer (looking through views) is itself memory-bound, there are at most
+    REALIZE_READS of them, and the node is not returned. Matmul-class and unknown ops read
+    materialized buffers."""
     nodes = [n for n in graph.nodes if n.op == "call_function"]
     returned = set(list(graph.nodes)[-1].all_input_nodes)
     kind = {n: classify(n.target, bool(tensors_in(n.meta.get("val")))) for n in nodes}
@@ -54,7 +59,7 @@ def fused_away(graph: fx.Graph) -> set[fx.Node]:
         needed[n] = n in returned or any(
             u.op != "call_function" or kind[u] in ("matmul", "unknown") or (kind[u] == "view" and needed[u])
             for u in n.users)
-    return {n for n in nodes if kind[n] == "memory" and not needed[n] and len(n.users) == 1
+    return {n for n in nodes if kind[n] == "memory" and not needed[n] and len(n.users) <= REALIZE_READS
             and not isinstance(n.meta.get("val"), (tuple, list))}
 
 

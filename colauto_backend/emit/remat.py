@@ -1,13 +1,15 @@
 """Recompute decisions -> `node.meta['recompute']` tags -> torch's partitioner.
 
-Every forward node of the problem gets MUST_SAVE (kept) or MUST_RECOMPUTE, all under one
-`ac_graph_id`, so `default_partition` saves exactly the kept nodes that backward (or a recomputed
-node) reads and recomputes the rest in the backward graph. Tagging every node avoids the
-partitioner's rule that an untagged producer of a recomputed node is force-saved.
+A decided forward node gets MUST_SAVE (kept) or MUST_RECOMPUTE, all under one `ac_graph_id`.
+- aten codegen: every node is decided and `default_partition` saves exactly the kept nodes that backward
+  (or a recomputed node) reads and recomputes the rest. Tagging every node avoids that partitioner's rule
+  that an untagged producer of a recomputed node is force-saved.
+- Inductor codegen: only compute-bound nodes are decided (None = untagged); Inductor's min-cut
+  partitioner decides the fusible ones around them, which it prices better than a per-op model can.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
@@ -15,19 +17,28 @@ from torch.utils.checkpoint import CheckpointPolicy
 from .. import _torch_compat as compat
 
 
-def tag(nodes: Sequence[fx.Node], keep: Sequence[bool]) -> None:
-    for n, k in zip(nodes, keep):
+def tag(joint: fx.Graph, names: Sequence[str], keep: Sequence[bool | None]) -> None:
+    """Tag the named nodes (by name: Inductor's partitioner replaces the joint graph by a CSE'd copy on
+    every call, so node objects do not survive a partition)."""
+    decided = dict(zip(names, keep))
+    for n in joint.nodes:
+        k = decided.get(n.name)
+        if k is None:
+            n.meta.pop("recompute", None)
+            n.meta.pop("ac_graph_id", None)
+            continue
         n.meta["recompute"] = CheckpointPolicy.MUST_SAVE if k else CheckpointPolicy.MUST_RECOMPUTE
         n.meta["ac_graph_id"] = 0
 
 
-def untag(nodes: Sequence[fx.Node]) -> None:
-    for n in nodes:
+def untag(joint: fx.Graph) -> None:
+    for n in joint.nodes:
         n.meta.pop("recompute", None)
         n.meta.pop("ac_graph_id", None)
 
 
-def partition(joint: fx.GraphModule, joint_inputs, *, num_fwd_outputs: int, static_lifetime_input_indices):
-    """The forward and backward graphs for the tags currently on `joint` (none: save everything needed)."""
-    return compat.default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                                    static_lifetime_input_indices=static_lifetime_input_indices)
+def partitioner(fused: bool) -> Callable:
+    """(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices) -> (fw, bw) for the tags
+    currently on the joint graph. Untagged: aten saves everything backward needs; Inductor's min-cut
+    recomputes the fusible ops it finds cheap (exactly torch.compile's default partition)."""
+    return compat.min_cut_partition if fused else compat.default_partition

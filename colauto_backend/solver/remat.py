@@ -66,18 +66,22 @@ class Frontier:
     _back: list = dataclasses.field(repr=False)   # per node: (states before it, {state: (src, choice)})
     _size: tuple[int, ...] = dataclasses.field(repr=False)
 
-    def keep(self, k: int) -> tuple[bool, ...]:
-        """Per-node decisions of point k: True = keep for backward, False = recompute or not needed."""
+    def choices(self, k: int) -> tuple[int, ...]:
+        """Per-node decisions of point k: KEEP, RECOMPUTE, or SKIP (not demanded by backward)."""
         decisions = []
         state, m = frozenset(), int(self.memory[k])
         for j, (before, table) in enumerate(self._back):   # node 0 first: back-tracking order
             src, choice = table[state]
             c = int(choice[m])
-            decisions.append(c == KEEP)
+            decisions.append(c)
             state = before[int(src[m])]
             if c == KEEP:
                 m -= self._size[j]
         return tuple(decisions)
+
+    def keep(self, k: int) -> tuple[bool, ...]:
+        """Per-node decisions of point k: True = keep for backward, False = recompute or not needed."""
+        return tuple(c == KEEP for c in self.choices(k))
 
 
 def solve(p: RematProblem) -> Frontier:
