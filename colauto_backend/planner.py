@@ -32,7 +32,7 @@ from .solver import remat as solver
 
 
 # Frontier points whose peak may be simulated (each costs one partition + memory simulation).
-MAX_CANDIDATES = 16
+MAX_CANDIDATES = 12
 
 
 class BudgetError(RuntimeError):

@@ -19,7 +19,8 @@ def measured_saved_bytes(model, inputs, compiled=None) -> int:
                 storages[s.data_ptr()] = s.nbytes()
         return t
 
-    compiled = compiled or torch.compile(model, backend="colauto", dynamic=False)
+    if compiled is None:
+        compiled = torch.compile(model, backend="colauto", dynamic=False)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         compiled(*inputs).backward()
     model.zero_grad(set_to_none=True)

@@ -14,6 +14,7 @@ to the allocator's granularity; symbolic ones are not (they are large and alread
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import operator
 from typing import Sequence
 
@@ -63,6 +64,47 @@ def fused_away(graph: fx.Graph) -> set[fx.Node]:
             and not isinstance(n.meta.get("val"), (tuple, list))}
 
 
+def inductor_order(graph: fx.Graph, recomputed: frozenset[str]) -> list[fx.Node]:
+    """The graph's nodes in the order Inductor runs them, as far as memory goes: recomputed memory-bound
+    ops that feed one another form one fused kernel, which runs (and allocates all its outputs) where
+    the group's first op is. Seen on GPT-2: the whole recomputed residual stream of 12 layers ran as
+    one kernel at the start of backward. Otherwise the graph's order."""
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    group = {n: n for n in nodes}
+
+    def root(n):
+        while group[n] is not n:
+            group[n] = group[group[n]]
+            n = group[n]
+        return n
+
+    def fusible(n) -> bool:
+        return n.op == "call_function" and n.name in recomputed and \
+            classify(n.target, bool(tensors_in(n.meta.get("val")))) in ("memory", "view")
+
+    for n in nodes:
+        if fusible(n):
+            for a in n.all_input_nodes:
+                if fusible(a):
+                    ra, rn = root(a), root(n)
+                    if ra is not rn:
+                        group[max(ra, rn, key=pos.get)] = min(ra, rn, key=pos.get)
+    start = {n: pos[root(n)] for n in nodes}
+    waiting = {n: len(set(n.all_input_nodes)) for n in nodes}
+    ready = [(start[n], pos[n], n) for n in nodes if waiting[n] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, n = heapq.heappop(ready)
+        order.append(n)
+        for u in n.users:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (start[u], pos[u], u))
+    return order
+
+
 class _Sim:
     def __init__(self, basis: Basis, device: DeviceSpec, fused: bool = False) -> None:
         self.basis, self.device, self.fused = basis, device, fused
@@ -109,11 +151,12 @@ class _Sim:
         self.rows.append(self.state.copy())
         self.labels.append(label)
 
-    def run(self, graph: fx.Graph, tag: str, env: dict[str, list[int]], placeholders_held: bool) -> list[list[int]]:
+    def run(self, graph: fx.Graph, tag: str, env: dict[str, list[int]], placeholders_held: bool,
+            materialized: frozenset[str] = frozenset()) -> list[list[int]]:
         """Simulate one graph. env: placeholder name -> storages (given by the caller, already referenced
         once per placeholder). Returns the storages of each graph output, each referenced once more."""
-        nodes = list(graph.nodes)
-        self.virtual = fused_away(graph) if self.fused else set()
+        nodes = inductor_order(graph, materialized) if self.fused else list(graph.nodes)
+        self.virtual = {n for n in fused_away(graph) if n.name not in materialized or len(n.users) == 1} if self.fused else set()
         self.fused_names.update(n.name for n in self.virtual)
         last_use: dict[fx.Node, fx.Node] = {}
         for n in nodes:
@@ -233,7 +276,9 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
             if n.op == "placeholder" and n.name not in saved_env and isinstance(n.meta.get("val"), torch.Tensor):
                 saved_env[n.name] = [sim.new(_placeholder_bytes(n))]
         # each saved value's forward-output reference passes to the backward placeholder of that name
-        sim.run(bw.graph, "bwd", saved_env, placeholders_held=False)   # grads stay referenced
+        recomputed = frozenset(n.name for n in fw.graph.nodes) & frozenset(n.name for n in bw.graph.nodes
+                                                                            if n.op == "call_function")
+        sim.run(bw.graph, "bwd", saved_env, placeholders_held=False, materialized=recomputed)
         total["grads"] = trainable_bytes
         total["saved"] = sum((e for _, e in saved_nodes), sym(0))
         if optimizer == "adamw_foreach":

@@ -1,0 +1,93 @@
+"""Which buffers are live at a compiled training step's measured peak (CUDA).
+
+    python -m bench.peak_snapshot --model gpt2:124m:16:1024 --budget 4197093376b --out DIR
+
+Runs the step under colauto (Inductor codegen, the given COLAUTO_MEMORY_BUDGET; "inductor" for
+torch.compile's default backend), records the allocator history of one steady-state step, replays it
+to find the peak and writes the live allocations there (size, allocating source line) to peak.txt,
+with the generated Inductor modules those lines come from. For checking the memory model by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import linecache
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from bench.run import GiB, autocast, make_optimizer, parse_models
+from colauto_backend import config
+from colauto_backend.backend import make_backend
+from examples.models import build
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=parse_models, default=parse_models("gpt2:124m:16:1024"))
+    ap.add_argument("--budget", default="inductor")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    args.device, args.dtype = "cuda", "bf16"
+    spec = args.model[0]
+    model, make_inputs = build(spec["model"], spec["size"], device="cuda")
+    x, targets = make_inputs(spec["batch"], spec["seq"])
+    options = {"codegen": "inductor", "memory_budget": args.budget}
+    fn = torch.compile(model) if args.budget == "inductor" else \
+        torch.compile(model, backend=make_backend(config.load(options)))
+    opt = make_optimizer(model, "cuda")
+
+    def step():
+        with autocast(args):
+            loss = fn(x, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=200000)
+    step()
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    events = [e for trace in snap["device_traces"] for e in trace]
+    live: dict[int, dict] = {}
+    base = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
+               if b["state"] == "active_allocated")   # allocated at snapshot end
+    # replay from the state before the step: blocks freed during the step were allocated before it
+    current = peak = 0
+    peak_live: list = []
+    for e in events:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            current += e["size"]
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            current -= live.pop(e["addr"])["size"]
+        if current > peak:
+            peak, peak_live = current, list(live.values())
+    files = set()
+    lines = [f"end-of-step allocated {base / GiB:.3f} GiB; peak of allocations made during the step "
+             f"{peak / GiB:.3f} GiB over what was live before it", ""]
+    for e in sorted(peak_live, key=lambda e: -e["size"]):
+        frame = next((f for f in e.get("frames", []) if "torchinductor" in f["filename"] or
+                      "/colauto" in f["filename"] or "examples" in f["filename"]), None)
+        where = ""
+        if frame:
+            files.add(frame["filename"])
+            where = f"{Path(frame['filename']).name}:{frame['line']} {linecache.getline(frame['filename'], frame['line']).strip()}"
+        lines.append(f"{e['size'] / 2**20:10.1f} MiB  {where}")
+    (out / "peak.txt").write_text("\n".join(lines) + "\n")
+    for f in files:
+        if Path(f).exists():
+            shutil.copy(f, out / Path(f).name)
+    print("\n".join(lines[:40]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
