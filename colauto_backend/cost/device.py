@@ -31,16 +31,19 @@ class DeviceSpec:
 
 
 PRESETS: dict[str, DeviceSpec] = {
-    # cuBLAS on Hopper takes a 32 MiB workspace from the caching allocator (CUBLAS_WORKSPACE_CONFIG default).
+    # cuBLAS on Hopper takes a 32 MiB workspace from the caching allocator (CUBLAS_WORKSPACE_CONFIG default)
+    # per handle, and a training step uses two: the caller's thread (forward) and autograd's device thread
+    # (backward). Measured on an H200: 64-71 MB held beyond parameters and optimizer state before a step
+    # (bench/results/h200-2026-11-26-memcheck/check.json).
     "h100": DeviceSpec(name="h100", matmul_flops=620e12, matmul_flops_fp32=48e12, vector_flops=60e12,
                        bandwidth=2.6e12, launch_s=4e-6, memory_bytes=81559 * 1024**2,
-                       workspace_bytes=32 * 1024**2, alloc_round=512),
+                       workspace_bytes=2 * 32 * 1024**2, alloc_round=512),
     "h200": DeviceSpec(name="h200", matmul_flops=620e12, matmul_flops_fp32=48e12, vector_flops=60e12,
                        bandwidth=3.7e12, launch_s=4e-6, memory_bytes=143771 * 1024**2,
-                       workspace_bytes=32 * 1024**2, alloc_round=512),
+                       workspace_bytes=2 * 32 * 1024**2, alloc_round=512),
     "a100": DeviceSpec(name="a100", matmul_flops=250e12, matmul_flops_fp32=18e12, vector_flops=18e12,
                        bandwidth=1.6e12, launch_s=5e-6, memory_bytes=80 * GiB,
-                       workspace_bytes=8 * 1024**2, alloc_round=512),
+                       workspace_bytes=2 * 8 * 1024**2, alloc_round=512),
     # A 2-core CI-class host; only ratios matter there, no claim of accuracy.
     "cpu": DeviceSpec(name="cpu", matmul_flops=50e9, matmul_flops_fp32=50e9, vector_flops=5e9,
                       bandwidth=10e9, launch_s=5e-6, memory_bytes=24 * GiB),
