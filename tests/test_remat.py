@@ -30,7 +30,7 @@ def budgets_between(model, inputs, n):
     return np.linspace(smallest_peak(model, inputs), unconstrained, n).astype(int).tolist(), unconstrained
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "cnn"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "vit", "cnn", "hf_gpt2", "hf_llama"])
 def test_gradients_equal_eager_under_budgets(name):
     model, make = build(name)
     inputs = make(*sizes(name))
