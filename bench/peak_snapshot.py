@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from bench.run import GiB, autocast, make_optimizer, parse_models
+from bench.run import GiB, make_optimizer, parse_models, training_step
 from colauto_backend import config
 from colauto_backend.backend import make_backend
 from examples.models import build
@@ -39,11 +39,7 @@ def main(argv=None) -> int:
     opt = make_optimizer(model, "cuda")
 
     def step():
-        with autocast(args):
-            loss = fn(x, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        training_step(fn, opt, x, targets, args)
 
     for _ in range(3):
         step()

@@ -138,6 +138,16 @@ def predict(model, make_inputs, spec: dict, args, options: dict | None) -> dict:
     return pred
 
 
+def training_step(fn, opt, x, targets, args):
+    """One step as the user's script would run it: autocast forward, backward, optimizer, grads to None."""
+    with autocast(args):
+        loss = fn(x, targets)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def train(model, make_inputs, spec: dict, mode: str, args, compile_fn=None) -> dict:
     """Warm-up (the first step is timed alone: compile time), then the timed steps. `compile_fn`
     replaces the mode's own torch.compile call (the remat sweep passes its own options)."""
@@ -146,12 +156,7 @@ def train(model, make_inputs, spec: dict, mode: str, args, compile_fn=None) -> d
     fn = compile_fn(model) if compile_fn is not None else compiled(model, mode)
 
     def step():
-        with autocast(args):
-            loss = fn(x, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return training_step(fn, opt, x, targets, args)
 
     sync(args.device)
     t0 = time.perf_counter()

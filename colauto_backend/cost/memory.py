@@ -152,11 +152,13 @@ class _Sim:
         self.labels.append(label)
 
     def run(self, graph: fx.Graph, tag: str, env: dict[str, list[int]], placeholders_held: bool,
-            materialized: frozenset[str] = frozenset()) -> list[list[int]]:
+            recomputed: frozenset[str] = frozenset()) -> list[list[int]]:
         """Simulate one graph. env: placeholder name -> storages (given by the caller, already referenced
         once per placeholder). Returns the storages of each graph output, each referenced once more."""
-        nodes = inductor_order(graph, materialized) if self.fused else list(graph.nodes)
-        self.virtual = {n for n in fused_away(graph) if n.name not in materialized or len(n.users) == 1} if self.fused else set()
+        nodes = inductor_order(graph, recomputed) if self.fused else list(graph.nodes)
+        # a recomputed op read by several kernels is materialized: its group's kernel writes it
+        self.virtual = ({n for n in fused_away(graph) if n.name not in recomputed or len(n.users) == 1}
+                        if self.fused else set())
         self.fused_names.update(n.name for n in self.virtual)
         last_use: dict[fx.Node, fx.Node] = {}
         for n in nodes:
@@ -278,7 +280,7 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
         # each saved value's forward-output reference passes to the backward placeholder of that name
         recomputed = frozenset(n.name for n in fw.graph.nodes) & frozenset(n.name for n in bw.graph.nodes
                                                                             if n.op == "call_function")
-        sim.run(bw.graph, "bwd", saved_env, placeholders_held=False, materialized=recomputed)
+        sim.run(bw.graph, "bwd", saved_env, placeholders_held=False, recomputed=recomputed)
         total["grads"] = trainable_bytes
         total["saved"] = sum((e for _, e in saved_nodes), sym(0))
         if optimizer == "adamw_foreach":

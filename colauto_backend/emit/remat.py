@@ -4,8 +4,8 @@ A decided forward node gets MUST_SAVE (kept) or MUST_RECOMPUTE, all under one `a
 - aten codegen: every node is decided and `default_partition` saves exactly the kept nodes that backward
   (or a recomputed node) reads and recomputes the rest. Tagging every node avoids that partitioner's rule
   that an untagged producer of a recomputed node is force-saved.
-- Inductor codegen: only compute-bound nodes are decided (None = untagged); Inductor's min-cut
-  partitioner decides the fusible ones around them, which it prices better than a per-op model can.
+- Inductor codegen: a candidate decides either only the compute-bound nodes or every node the DP
+  decided (None = untagged); Inductor's min-cut partitioner decides the untagged ones.
 """
 from __future__ import annotations
 
