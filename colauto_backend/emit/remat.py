@@ -20,12 +20,11 @@ from .. import _torch_compat as compat
 def tag(joint: fx.Graph, names: Sequence[str], keep: Sequence[bool | None]) -> None:
     """Tag the named nodes (by name: Inductor's partitioner replaces the joint graph by a CSE'd copy on
     every call, so node objects do not survive a partition)."""
+    untag(joint)
     decided = dict(zip(names, keep))
     for n in joint.nodes:
         k = decided.get(n.name)
         if k is None:
-            n.meta.pop("recompute", None)
-            n.meta.pop("ac_graph_id", None)
             continue
         n.meta["recompute"] = CheckpointPolicy.MUST_SAVE if k else CheckpointPolicy.MUST_RECOMPUTE
         n.meta["ac_graph_id"] = 0
