@@ -90,3 +90,41 @@ def register_flop_formula(op: Any, fn: Callable) -> None:
         flop_counter.register_flop_formula(op, get_raw=True)(fn)
 
 
+
+
+def source_name(placeholder: torch.fx.Node) -> str | None:
+    """Dynamo's source of a graph input ("L['self']._modules['fc']._parameters['weight']", "L['x']")."""
+    arg = placeholder.meta.get("grapharg")
+    if arg is None:
+        return None
+    name = arg.source.name
+    return name() if callable(name) else name          # a method in 2.11, a property in 2.13
+
+
+def compiled_frame_locals() -> dict:
+    """The local variables of the frame Dynamo is compiling (call from inside a backend)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+    return dict(InstructionTranslator.current_tx().f_locals)
+
+
+def register_cpu_attention_sharding() -> None:
+    """DTensor has no sharding rule for CPU flash attention: shard it on batch or heads (all inputs and
+    outputs alike), as its CUDA rule does."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+    aten = torch.ops.aten
+
+    def rules(n_in: int, n_out: int, mask) -> list:
+        m = [Replicate()] if mask is not None else []
+        out = [([Replicate()] * n_out, [Replicate()] * n_in + [None, None] + m)]
+        for d in (0, 1):
+            out.append(([Shard(d)] * n_out, [Shard(d)] * n_in + [None, None] + m))
+        return out
+
+    @register_sharding(aten._scaled_dot_product_flash_attention_for_cpu.default)
+    def _fwd(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        return rules(3, 2, attn_mask)
+
+    @register_sharding(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+    def _bwd(g, q, k, v, o, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+        return rules(6, 3, attn_mask)

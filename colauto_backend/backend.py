@@ -18,6 +18,7 @@ from . import planner, report
 from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost.device import resolve
+from .dist import entry as dist_entry
 
 # The latest analyses the backend made, newest last (for tests and debugging; bounded: each holds a graph).
 ANALYSES: collections.deque[Analysis] = collections.deque(maxlen=16)
@@ -32,6 +33,11 @@ def colauto(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Ca
 def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None) -> Callable:
     """A backend closure for one Config. `on_analysis` is told each analysis (profile() uses it)."""
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        if dist_entry.active(config):
+            return dist_entry.compile(gm, example_inputs, config, local)
+        return local(gm, example_inputs)
+
+    def local(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         device = resolve(config.device, next((t for t in example_inputs if isinstance(t, torch.Tensor)), None))
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:

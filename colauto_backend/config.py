@@ -25,6 +25,7 @@ class Config:
     report: str | None = None        # None = off, "1" = print table on rank 0, else a JSON path
     optimizer: str = "adamw"         # optimizer-state assumption of the memory model
     memory_budget: tuple[str, float] | None = None   # ("none"|"fraction"|"bytes", value); None = device memory
+    mesh: tuple[tuple[str | None, int], ...] | None = None   # ((role or None, size), ...); None = planner picks
 
 
 # name in options= -> (environment variable, parser)
@@ -82,12 +83,41 @@ def _budget(raw: str) -> tuple[str, float]:
                       "a fraction of the device's memory in (0, 1] (0.5), or none")
 
 
+ROLES = ("dp", "fsdp", "tp")   # replicate + all-reduce grads; shard + gather at use; Megatron tensor parallel
+
+
+def _mesh(raw: str) -> tuple[tuple[str | None, int], ...] | None:
+    value = raw.strip().lower()
+    if value in ("", "auto"):
+        return None
+    bad = ConfigError(f"COLAUTO_MESH={raw!r} is not valid: use sizes (4, 2x2), named axes (dp=2,tp=2; roles "
+                      f"{', '.join(ROLES)}) or auto; at most 3 axes")
+    if "=" in value:
+        axes = []
+        for part in value.split(","):
+            role, _, size = part.partition("=")
+            if role.strip() not in ROLES or not size.strip().isdigit() or int(size) < 1:
+                raise bad
+            axes.append((role.strip(), int(size)))
+        if len({r for r, _ in axes}) != len(axes):
+            raise ConfigError(f"COLAUTO_MESH={raw!r} names a role twice: give each of {', '.join(ROLES)} at most once")
+    else:
+        sizes = value.split("x")
+        if not all(s.strip().isdigit() and int(s) >= 1 for s in sizes):
+            raise bad
+        axes = [(None, int(s)) for s in sizes]
+    if len(axes) > 3:
+        raise bad
+    return tuple(axes)
+
+
 _FIELDS = {
     "codegen": ("COLAUTO_CODEGEN", _choice("COLAUTO_CODEGEN", CODEGENS)),
     "device": ("COLAUTO_DEVICE", _device),
     "report": ("COLAUTO_REPORT", _report),
     "optimizer": ("COLAUTO_OPTIMIZER", _choice("COLAUTO_OPTIMIZER", OPTIMIZERS)),
     "memory_budget": ("COLAUTO_MEMORY_BUDGET", _budget),
+    "mesh": ("COLAUTO_MESH", _mesh),
 }
 ENV_VARS = tuple(var for var, _ in _FIELDS.values())
 

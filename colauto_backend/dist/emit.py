@@ -1,0 +1,190 @@
+"""Emit a parallel plan: the module's parameters become DTensor parameters, and graphs use them.
+
+The optimizer the script already built holds the original Parameter objects, and a Parameter cannot
+become a DTensor in place (their slot layouts differ, so `torch.utils.swap_tensors` refuses). So each
+original keeps only its local shard (`.data`), and the module gets a DTensor Parameter whose local
+tensor is that same storage: the optimizer steps the shard, `state_dict()` shows DTensors, and
+`torch.distributed.checkpoint` saves and loads them in place. A hook moves each gradient from the
+DTensor parameter to the original one.
+
+After sharding, Dynamo sees DTensor parameters and recompiles. Hooks on the root module turn the
+rank's micro-batch into a DTensor (sharded on dim 0 over the whole mesh, gathered over tp) and the
+outputs back into local tensors; reading a parameter gives it in its compute placement (an fsdp axis
+gathered), so the re-traced graph has the gathers in it, and AOTAutograd lowers it to a local graph
+whose collectives include the gradient reductions (the backward of each gather or replicate).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import weakref
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.utils._pytree import tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .plan import ParallelPlan
+
+_OWNER: WeakIdKeyDictionary = WeakIdKeyDictionary()   # DTensor parameter -> (Sharded, fqn)
+
+
+def placements_of(spec: tuple[str, ...]) -> list:
+    return [Replicate() if p == "R" else Shard(int(p[1:])) for p in spec]
+
+
+class Sharded:
+    """One module sharded by one plan."""
+
+    def __init__(self, root: nn.Module, plan: ParallelPlan, mesh):
+        self.root, self.plan, self.mesh = root, plan, mesh
+        self.roles = [r for r, _ in plan.axes]
+        self.dparam: dict[int, DTensor] = {}          # id(original tensor) -> its DTensor replacement
+        self.grad_fallbacks = 0                        # gradients that arrived in another placement
+        self.done = False
+        self.compiled = False                          # a re-traced graph of this module is in use
+
+    def shard(self) -> None:
+        """Replace the parameters (not from inside the backend: Dynamo checks its guards against the
+        module right after the backend returns, so this runs at the first call)."""
+        self._shard(self.root)
+        self.root.register_forward_pre_hook(self._inputs_hook, with_kwargs=True)
+        self.root.register_forward_hook(self._outputs_hook)
+        self.done = True
+
+    # -- parameters -------------------------------------------------------------------------------
+    def _shard(self, root: nn.Module) -> None:
+        for fqn, p in root.named_parameters():
+            spec = placements_of(self.plan.storage[fqn])
+            full = distribute_tensor(p.detach(), self.mesh, spec)   # rank 0's values, as DDP broadcasts
+            p.data = full.to_local()
+            d = nn.Parameter(DTensor.from_local(p.data, self.mesh, spec, run_check=False,
+                                                shape=full.shape, stride=full.stride()), p.requires_grad)
+            d.register_post_accumulate_grad_hook(self._grad_mover(p, spec))
+            self.dparam[id(p)] = d
+            _OWNER[d] = (self, fqn)
+        for fqn, b in root.named_buffers():
+            self.dparam[id(b)] = distribute_tensor(b, self.mesh, [Replicate()] * len(self.roles))
+        for mod in root.modules():
+            for table in (mod._parameters, mod._buffers):
+                for name, t in table.items():
+                    if t is not None and id(t) in self.dparam:
+                        table[name] = self.dparam[id(t)]
+            _use_compute_placements(mod, self)
+
+    def _grad_mover(self, original: torch.Tensor, spec: list):
+        ref = weakref.ref(original)
+
+        def move(d: DTensor) -> None:
+            g = d.grad
+            if tuple(g.placements) != tuple(spec):
+                # The eager first call leaves gradients partial; a compiled graph reduces them itself,
+                # so one reduced here after that is a fallback (counted, reported).
+                self.grad_fallbacks += self.compiled
+                g = g.redistribute(self.mesh, spec)
+            local = g.to_local()
+            o = ref()
+            o.grad = local if o.grad is None else o.grad + local
+            d.grad = None
+        return move
+
+    def compute(self, d: DTensor, fqn: str) -> DTensor:
+        return d.redistribute(self.mesh, placements_of(self.plan.compute[fqn]))
+
+    # -- data ---------------------------------------------------------------------------------------
+    def to_input(self, x):
+        """A rank's micro-batch -> the global batch, sharded on dim 0 (gathered over tp)."""
+        if not isinstance(x, torch.Tensor) or isinstance(x, DTensor):
+            return x
+        if x.dim() == 0:
+            return DTensor.from_local(x, self.mesh, [Replicate()] * len(self.roles), run_check=False)
+        d = DTensor.from_local(x, self.mesh, [Shard(0)] * len(self.roles), run_check=False)
+        if "tp" in self.roles:
+            d = d.redistribute(self.mesh, [Replicate() if r == "tp" else Shard(0) for r in self.roles])
+        return d
+
+    def to_output(self, y):
+        """Scalars (a mean loss: the global batch's) replicated; others back to the rank's micro-batch."""
+        if not isinstance(y, DTensor):
+            return y
+        target = [Replicate() if y.dim() == 0 else Shard(0)] * len(self.roles)
+        return y.redistribute(self.mesh, target).to_local()
+
+    # Hooks run eagerly: traced by Dynamo they would become graphs of their own.
+    @torch.compiler.disable
+    def _inputs_hook(self, module, args, kwargs):
+        return tree_map(self.to_input, args), tree_map(self.to_input, kwargs)
+
+    @torch.compiler.disable
+    def _outputs_hook(self, module, args, output):
+        return tree_map(self.to_output, output)
+
+    # -- the first call, before Dynamo has seen the DTensor parameters --------------------------------
+    def first_call(self, call: "FirstCall"):
+        """Shard, then run this one call eagerly through the sharded module (Dynamo re-traces it on
+        the next call; the graph captured before sharding has the micro-batch's sizes baked in)."""
+        @torch.compiler.disable
+        def run(*args):
+            if not self.done:
+                self.shard()
+            pos, kw = call.fill(args)
+            out = self.root(*pos, **kw)
+            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return run
+
+
+class FirstCall:
+    """The root module's call, rebuilt from the compiled frame's locals: graph inputs go where the frame
+    had them, everything else is the constant the graph was traced with."""
+
+    def __init__(self, root: nn.Module, frame_locals: dict, example_inputs: list):
+        index = {id(t): i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)}
+        slot = lambda v: _Slot(index[id(v)]) if isinstance(v, torch.Tensor) and id(v) in index else v  # noqa: E731
+        self.pos, self.kw = [], {}
+        for name, p in inspect.signature(root.forward).parameters.items():
+            if name not in frame_locals:
+                continue
+            value = tree_map(slot, frame_locals[name])
+            if p.kind == p.VAR_POSITIONAL:
+                self.pos.extend(value)
+            elif p.kind == p.VAR_KEYWORD:
+                self.kw.update(value)
+            elif p.kind == p.KEYWORD_ONLY:
+                self.kw[name] = value
+            else:
+                self.pos.append(value)
+
+    def fill(self, args) -> tuple[list, dict]:
+        put = lambda v: args[v.index] if isinstance(v, _Slot) else v  # noqa: E731
+        return tree_map(put, self.pos), tree_map(put, self.kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+def _use_compute_placements(module: nn.Module, sharded: Sharded) -> None:
+    """Reading `module.weight` now gives the parameter in its compute placement (an fsdp axis gathered),
+    in eager code and in what Dynamo traces alike. A per-module subclass with one property per
+    parameter: `_parameters` and so `state_dict()` keys are unchanged. The placements are closure
+    constants, so Dynamo traces the property inline (a lookup table would break the graph)."""
+    specs = {n: placements_of(sharded.plan.compute[_OWNER[p][1]])
+             for n, p in module._parameters.items() if p is not None and p in _OWNER}
+    if not specs:
+        return
+
+    def getter(name, mesh, placements):
+        return property(lambda self: self._parameters[name].redistribute(mesh, placements))
+    cls = module.__class__
+    module.__class__ = type(cls.__name__, (cls,), {n: getter(n, sharded.mesh, pl) for n, pl in specs.items()})
+
+
+def mark_compiled(example_inputs: list) -> None:
+    """A graph over these DTensor parameters is compiled: their gradients are reduced inside it."""
+    for t in example_inputs:
+        owner = _OWNER.get(t) if isinstance(t, DTensor) else None
+        if owner is not None:
+            owner[0].compiled = True

@@ -1,0 +1,78 @@
+"""The distributed path of the backend: plan once on the first graph, shard, then compile SPMD graphs."""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch.distributed.tensor import DTensor
+
+from .. import _torch_compat as compat
+from ..config import Config
+from . import choose, emit, mesh
+from .plan import ParallelPlan
+
+SHARDED: list[emit.Sharded] = []          # the modules sharded in this process (for tests and reports)
+
+
+def active(config: Config) -> bool:
+    """Distributed when launched on several ranks, or when COLAUTO_MESH asks for more than one device."""
+    return mesh.world_size() > 1 or (config.mesh is not None and mesh._prod(s for _, s in config.mesh) > 1)
+
+
+def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_local: Callable) -> Callable:
+    if any(isinstance(t, DTensor) for t in example_inputs):      # the re-trace of a sharded module
+        emit.mark_compiled(example_inputs)
+        return compile_local(gm, example_inputs)
+    if not any(isinstance(t, torch.nn.Parameter) for t in example_inputs):
+        return compile_local(gm, example_inputs)                  # no model state: nothing to place
+    frame = compat.compiled_frame_locals()
+    root, names = _root_module(gm, example_inputs, frame)
+    mesh.ensure_process_group()
+    _register_rules()
+    params = dict(root.named_parameters())
+    plan = choose.choose(gm, names, params, mesh.candidates(config.mesh, mesh.world_size()), config)
+    check_same_plan(plan)
+    sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
+    SHARDED.append(sharded)
+    return sharded.first_call(emit.FirstCall(root, frame, example_inputs))
+
+
+@functools.cache
+def _register_rules() -> None:
+    compat.register_cpu_attention_sharding()
+
+
+def _root_module(gm: fx.GraphModule, example_inputs: list, frame: dict) -> tuple[torch.nn.Module, dict[int, str]]:
+    """The nn.Module being compiled, and graph input position -> parameter fqn."""
+    params = [t for t in example_inputs if isinstance(t, torch.nn.Parameter)]
+    for value in frame.values():
+        if isinstance(value, torch.nn.Module):
+            fqn = {id(p): n for n, p in value.named_parameters()}
+            if all(id(p) in fqn for p in params):
+                state = fqn | {id(b): n for n, b in value.named_buffers()}
+                _check_inputs(gm, example_inputs, state)
+                return value, {i: fqn[id(t)] for i, t in enumerate(example_inputs) if id(t) in fqn}
+    raise RuntimeError("colauto: on several ranks, compile the nn.Module itself (torch.compile(model, "
+                       "backend='colauto')): this graph uses parameters of no module the compiled frame holds")
+
+
+def _check_inputs(gm: fx.GraphModule, example_inputs: list, state: dict[int, str]) -> None:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, t in zip(placeholders, example_inputs):
+        src = compat.source_name(node) or ""
+        if isinstance(t, torch.Tensor) and id(t) not in state and "L['self']" in src:
+            raise RuntimeError(f"colauto: the module tensor {src} is neither a parameter nor a buffer, so it "
+                               "cannot be placed on the mesh: register it with register_buffer")
+
+
+def check_same_plan(plan: ParallelPlan) -> None:
+    """Every rank must run the same program: compare plan digests, fail loudly instead of hanging."""
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, plan.digest())
+    if len(set(digests)) > 1:
+        groups = {d: [r for r, x in enumerate(digests) if x == d] for d in set(digests)}
+        raise RuntimeError(f"colauto: the ranks planned different programs (plan digest -> ranks: {groups}); "
+                           "give every rank the same model, inputs shapes and COLAUTO_* settings")

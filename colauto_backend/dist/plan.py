@@ -1,0 +1,47 @@
+"""The parallel plan: the mesh, each parameter's placement on it, and what the plan predicts.
+
+Placements are strings so a plan is JSON and hashable across ranks: "R" replicated, "S0"/"S1" sharded
+on that tensor dim. `storage` is what a rank holds; `compute` is what the graph uses (an fsdp axis
+gathers before use: its gradient is reduce-scattered back to the storage placement).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+
+from .mesh import Axes
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelPlan:
+    axes: Axes
+    storage: dict[str, tuple[str, ...]]       # parameter/buffer fqn -> placement per mesh axis
+    compute: dict[str, tuple[str, ...]]
+    predicted: dict = dataclasses.field(default_factory=dict, compare=False)   # step time, memory, comm
+
+    @property
+    def mesh_str(self) -> str:
+        return ",".join(f"{r}={s}" for r, s in self.axes)
+
+    def digest(self) -> str:
+        """Same on every rank iff the ranks will run the same program."""
+        body = json.dumps({"axes": self.axes, "storage": sorted(self.storage.items()),
+                           "compute": sorted(self.compute.items())})
+        return hashlib.sha1(body.encode()).hexdigest()[:16]
+
+    def local_shape(self, fqn: str, shape: tuple[int, ...], coord: tuple[int, ...]) -> tuple[int, ...]:
+        """The shard of a tensor of `shape` that the rank at mesh coordinate `coord` holds (torch.chunk
+        sizes: ceil(n / parts) per piece, the last pieces smaller or empty)."""
+        out = list(shape)
+        for (_, size), place, idx in zip(self.axes, self.storage[fqn], coord):
+            if place.startswith("S"):
+                d = int(place[1:])
+                piece = math.ceil(out[d] / size)
+                out[d] = max(0, min(piece, out[d] - piece * idx))
+        return tuple(out)
+
+    def to_json(self) -> dict:
+        return {"mesh": self.mesh_str, "digest": self.digest(), "storage": self.storage,
+                "compute": self.compute, "predicted": self.predicted}

@@ -1,0 +1,79 @@
+"""Placements for each parameter under a mesh of roles, read off the captured (Dynamo) graph.
+
+tp pairs linear layers Megatron-style: a linear whose input is not feature-sharded becomes column
+parallel (weight and bias sharded on the output features), and one whose input is the feature-sharded
+result of a column linear (through ops that keep the last dim apart) becomes row parallel (weight
+sharded on the input features; its output is a partial sum, all-reduced by DTensor at the next use).
+Everything else is replicated on the tp axis. DTensor's own sharding rules then place every
+intermediate; a pairing this rule gets wrong costs communication, never correctness.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .mesh import Axes
+from .plan import ParallelPlan
+
+_LINEAR = {F.linear, torch._C._nn.linear}
+# Ops that combine the features of the last dim: their output is not feature-sharded.
+_MIXING = {F.layer_norm, F.rms_norm, F.cross_entropy, F.softmax, F.log_softmax, torch.softmax,
+           torch.log_softmax, F.embedding}
+_MIXING_METHODS = {"mean", "sum", "softmax", "log_softmax", "norm", "max", "min"}
+
+
+def tp_roles(gm: fx.GraphModule, names: dict[int, str]) -> dict[str, str]:
+    """fqn -> "col" or "row" for the weights (and "col_bias" for biases) of linear layers.
+    `names` maps a placeholder's position in the graph to its parameter fqn."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    param_of = {n: names[i] for i, n in enumerate(placeholders) if i in names}
+    roles: dict[str, str] = {}
+    sharded: set[fx.Node] = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _LINEAR:
+            x, w = n.args[0], n.args[1]
+            bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
+            wname = param_of.get(w)
+            if wname is None:
+                continue
+            if x in sharded and roles.get(wname) != "col":
+                roles.setdefault(wname, "row")
+            else:
+                roles.setdefault(wname, "col")
+            if roles[wname] == "col":
+                sharded.add(n)
+                if bias in param_of:
+                    roles[param_of[bias]] = "col_bias"
+        elif n.op in ("call_function", "call_method") and _inputs(n) & sharded:
+            mixing = n.target in _MIXING or (n.op == "call_method" and n.target in _MIXING_METHODS)
+            if not mixing:
+                sharded.add(n)
+    return roles
+
+
+def _inputs(n: fx.Node) -> set[fx.Node]:
+    return set(n.all_input_nodes)
+
+
+def placements(axes: Axes, params: dict[str, torch.Tensor], tp: dict[str, str]) -> tuple[dict, dict]:
+    """(storage, compute) placements per fqn for the roles of `axes`. fsdp shards dim 0, or dim 1 where tp
+    already shards dim 0: two axes sharding one dim would need DTensor's strided shards to gather."""
+    storage, compute = {}, {}
+    for fqn, t in params.items():
+        tp_place = {"col": "S0", "col_bias": "S0", "row": "S1"}.get(tp.get(fqn, ""), "R")
+        st, cp = [], []
+        for role, _ in axes:
+            if role == "tp":
+                st.append(tp_place), cp.append(tp_place)
+            elif role == "fsdp" and t.dim() > 0 and not (tp_place == "S0" and t.dim() == 1):
+                st.append("S1" if tp_place == "S0" else "S0"), cp.append("R")
+            else:   # dp, or nothing left to shard
+                st.append("R"), cp.append("R")
+        storage[fqn], compute[fqn] = tuple(st), tuple(cp)
+    return storage, compute
+
+
+def plan_for(axes: Axes, gm: fx.GraphModule, names: dict[int, str], params: dict[str, torch.Tensor]) -> ParallelPlan:
+    storage, compute = placements(axes, params, tp_roles(gm, names) if any(r == "tp" for r, _ in axes) else {})
+    return ParallelPlan(axes, storage, compute)
