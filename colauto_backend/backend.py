@@ -31,13 +31,39 @@ def colauto(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Ca
 
 
 def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None) -> Callable:
-    """A backend closure for one Config. `on_analysis` is told each analysis (profile() uses it)."""
+    """A backend closure for one Config. `on_analysis` is told each analysis (profile() uses it).
+    On several ranks the distributed path plans and shards first, then compiles local graphs."""
+    local = local_backend(config, on_analysis)
+
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         if dist_entry.active(config):
             return dist_entry.compile(gm, example_inputs, config, local)
         return local(gm, example_inputs)
+    return backend
 
-    def local(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+
+class _Stop(Exception):
+    pass
+
+
+def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: list) -> Analysis:
+    """The unplanned single-device analysis of one graph: traced and costed, nothing compiled."""
+    got: list[Analysis] = []
+
+    def stop(analysis: Analysis) -> None:
+        got.append(analysis)
+        raise _Stop()
+    quiet = dataclasses.replace(config, memory_budget=("none", 0.0), report=None)
+    try:
+        local_backend(quiet, stop)(gm, example_inputs)
+    except _Stop:
+        pass
+    return got[0]
+
+
+def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None) -> Callable:
+    """The single-device backend: AOTAutograd with colauto's partitioner and code generation."""
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         device = resolve(config.device, next((t for t in example_inputs if isinstance(t, torch.Tensor)), None))
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:

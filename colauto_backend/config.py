@@ -26,6 +26,7 @@ class Config:
     optimizer: str = "adamw"         # optimizer-state assumption of the memory model
     memory_budget: tuple[str, float] | None = None   # ("none"|"fraction"|"bytes", value); None = device memory
     mesh: tuple[tuple[str | None, int], ...] | None = None   # ((role or None, size), ...); None = planner picks
+    comm: str | None = None          # interconnect preset or calibration JSON; None = the device's preset
 
 
 # name in options= -> (environment variable, parser)
@@ -111,6 +112,13 @@ def _mesh(raw: str) -> tuple[tuple[str | None, int], ...] | None:
     return tuple(axes)
 
 
+def _comm(raw: str) -> str:
+    from .dist.comm import PRESETS, resolve   # local import: comm imports config for errors
+    value = raw.strip()
+    resolve(value, "")                         # raises ConfigError on a bad value
+    return value
+
+
 _FIELDS = {
     "codegen": ("COLAUTO_CODEGEN", _choice("COLAUTO_CODEGEN", CODEGENS)),
     "device": ("COLAUTO_DEVICE", _device),
@@ -118,6 +126,7 @@ _FIELDS = {
     "optimizer": ("COLAUTO_OPTIMIZER", _choice("COLAUTO_OPTIMIZER", OPTIMIZERS)),
     "memory_budget": ("COLAUTO_MEMORY_BUDGET", _budget),
     "mesh": ("COLAUTO_MESH", _mesh),
+    "comm": ("COLAUTO_COMM", _comm),
 }
 ENV_VARS = tuple(var for var, _ in _FIELDS.values())
 

@@ -88,22 +88,8 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     limit = float("inf") if budget is None else budget * (1 - HEADROOM)
     if base["peak_memory_bytes"] <= limit:
         return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
-    times = graph.node_times(baseline.costs, base["_recompute_times"])
-    keep_time: dict[str, float] = {}
-    if baseline.fused:   # under Inductor, keeping a fusible intermediate costs writing it in forward
-        bw = baseline.device.bandwidth   # and reading it back in backward
-        keep_time = {c.name: 2 * graph.value_at(c.written, baseline.hints) / bw
-                     for c in baseline.costs.nodes if c.kind == "memory"}
-    # Op by op (aten), a tensor the backward first reads at or before the step's peak is live at the
-    # peak whether it is kept or recomputed: recomputing it costs time and saves nothing, so it is
-    # pinned. Under Inductor a recomputed memory-bound op fuses into its reader and never exists.
-    phase, _, at = base["peak_at"].partition(":")
-    pinned = (graph.read_by_backward_before(joint.graph, at) if phase == "bwd" and not baseline.fused
-              else frozenset())
-    problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned,
-                                                  buffers=buffers, keep_time=keep_time)
+    frontier, nodes, quantum = remat_frontier(joint, baseline, base, buffers)
     names = [n.name for n in nodes]
-    frontier = solver.solve(problem)
     solve_s = time.perf_counter() - start
     points = _candidates(len(frontier.memory))
     if baseline.fused:   # each point twice: only its compute-bound decisions, and all of them
@@ -147,6 +133,27 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
         f"{fmt_bytes(persistent)}, activations and temporaries "
         f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}) plus {HEADROOM:.1%} headroom; set it to at least "
         f"{fmt_bytes(needed)}, or shrink the batch", needed)
+
+
+def remat_frontier(joint: fx.GraphModule, baseline: Analysis, base: dict,
+                   buffers: frozenset[str] = frozenset()) -> tuple[solver.Frontier, list[fx.Node], float]:
+    """The DP's Pareto frontier of (memory units kept for backward, recompute seconds), the nodes in
+    solver order, and the bytes per memory unit. `base` is `baseline.evaluate(baseline.hints)`."""
+    times = graph.node_times(baseline.costs, base["_recompute_times"])
+    keep_time: dict[str, float] = {}
+    if baseline.fused:   # under Inductor, keeping a fusible intermediate costs writing it in forward
+        bw = baseline.device.bandwidth   # and reading it back in backward
+        keep_time = {c.name: 2 * graph.value_at(c.written, baseline.hints) / bw
+                     for c in baseline.costs.nodes if c.kind == "memory"}
+    # Op by op (aten), a tensor the backward first reads at or before the step's peak is live at the
+    # peak whether it is kept or recomputed: recomputing it costs time and saves nothing, so it is
+    # pinned. Under Inductor a recomputed memory-bound op fuses into its reader and never exists.
+    phase, _, at = base["peak_at"].partition(":")
+    pinned = (graph.read_by_backward_before(joint.graph, at) if phase == "bwd" and not baseline.fused
+              else frozenset())
+    problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned,
+                                                  buffers=buffers, keep_time=keep_time)
+    return solver.solve(problem), nodes, quantum
 
 
 def _tags(choices: tuple[int, ...], nodes: list, only: set[str] | None) -> tuple[bool | None, ...]:

@@ -11,7 +11,8 @@ from torch.distributed.tensor import DTensor
 
 from .. import _torch_compat as compat
 from ..config import Config
-from . import choose, emit, mesh
+from .. import planner
+from . import choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
 SHARDED: list[emit.Sharded] = []          # the modules sharded in this process (for tests and reports)
@@ -32,12 +33,22 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_lo
     root, names = _root_module(gm, example_inputs, frame)
     mesh.ensure_process_group()
     _register_rules()
-    params = dict(root.named_parameters())
-    plan = choose.choose(gm, names, params, mesh.candidates(config.mesh, mesh.world_size()), config)
+    plan = plan_graph(gm, example_inputs, names, dict(root.named_parameters()), config, mesh.world_size())
     check_same_plan(plan)
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
     return sharded.first_call(emit.FirstCall(root, frame, example_inputs))
+
+
+def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], params: dict,
+               config: Config, world: int) -> ParallelPlan:
+    """The plan for one captured graph on `world` devices (no process group needed)."""
+    from ..backend import analyze_only   # local import: the backend imports this module
+    analysis = analyze_only(config, gm, example_inputs)
+    link = comm.resolve(config.comm, analysis.device.name)
+    budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
+    return choose.choose(mesh.candidates(config.mesh, world), params, strategy.tp_layout(gm, names),
+                         analysis, link, budget)
 
 
 @functools.cache

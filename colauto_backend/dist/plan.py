@@ -31,11 +31,12 @@ class ParallelPlan:
                            "compute": sorted(self.compute.items())})
         return hashlib.sha1(body.encode()).hexdigest()[:16]
 
-    def local_shape(self, fqn: str, shape: tuple[int, ...], coord: tuple[int, ...]) -> tuple[int, ...]:
-        """The shard of a tensor of `shape` that the rank at mesh coordinate `coord` holds (torch.chunk
-        sizes: ceil(n / parts) per piece, the last pieces smaller or empty)."""
+    def local_shape(self, fqn: str, shape: tuple[int, ...], coord: tuple[int, ...],
+                    compute: bool = False) -> tuple[int, ...]:
+        """The shard of a tensor of `shape` that the rank at mesh coordinate `coord` holds (or uses, with
+        `compute`): torch.chunk sizes, ceil(n / parts) per piece, the last pieces smaller or empty."""
         out = list(shape)
-        for (_, size), place, idx in zip(self.axes, self.storage[fqn], coord):
+        for (_, size), place, idx in zip(self.axes, (self.compute if compute else self.storage)[fqn], coord):
             if place.startswith("S"):
                 d = int(place[1:])
                 piece = math.ceil(out[d] / size)

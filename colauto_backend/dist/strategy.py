@@ -9,6 +9,8 @@ intermediate; a pairing this rule gets wrong costs communication, never correctn
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -23,13 +25,23 @@ _MIXING = {F.layer_norm, F.rms_norm, F.cross_entropy, F.softmax, F.log_softmax, 
 _MIXING_METHODS = {"mean", "sum", "softmax", "log_softmax", "norm", "max", "min"}
 
 
-def tp_roles(gm: fx.GraphModule, names: dict[int, str]) -> dict[str, str]:
-    """fqn -> "col" or "row" for the weights (and "col_bias" for biases) of linear layers.
-    `names` maps a placeholder's position in the graph to its parameter fqn."""
+@dataclasses.dataclass
+class TPLayout:
+    """What tensor parallelism does to one graph: roles of the linear parameters, and the activations
+    that cross the tp axis (for the cost model)."""
+    roles: dict[str, str]                  # fqn -> "col" | "col_bias" | "row"
+    row_outputs: list[fx.Node]             # partial sums, all-reduced (and their gradients too)
+    gathered: list[fx.Node]                # feature-sharded values a mixing op reads: all-gathered
+    sharded_fraction: float                # share of the graph's activation bytes that tp shards
+
+
+def tp_layout(gm: fx.GraphModule, names: dict[int, str]) -> TPLayout:
+    """`names` maps a placeholder's position in the graph to its parameter fqn."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     param_of = {n: names[i] for i, n in enumerate(placeholders) if i in names}
     roles: dict[str, str] = {}
     sharded: set[fx.Node] = set()
+    rows, gathered = [], []
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _LINEAR:
             x, w = n.args[0], n.args[1]
@@ -45,11 +57,23 @@ def tp_roles(gm: fx.GraphModule, names: dict[int, str]) -> dict[str, str]:
                 sharded.add(n)
                 if bias in param_of:
                     roles[param_of[bias]] = "col_bias"
+            else:
+                rows.append(n)
         elif n.op in ("call_function", "call_method") and _inputs(n) & sharded:
             mixing = n.target in _MIXING or (n.op == "call_method" and n.target in _MIXING_METHODS)
-            if not mixing:
+            if mixing:
+                gathered.extend(a for a in _inputs(n) & sharded if a not in gathered)
+            else:
                 sharded.add(n)
-    return roles
+    total = sum(nbytes(n) for n in gm.graph.nodes if n.op != "placeholder")
+    part = sum(nbytes(n) for n in sharded)
+    return TPLayout(roles, rows, gathered, part / total if total else 0.0)
+
+
+def nbytes(n: fx.Node) -> int:
+    """Bytes of a Dynamo graph node's example value (0 for non-tensors)."""
+    v = n.meta.get("example_value")
+    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
 
 
 def _inputs(n: fx.Node) -> set[fx.Node]:
@@ -74,6 +98,6 @@ def placements(axes: Axes, params: dict[str, torch.Tensor], tp: dict[str, str]) 
     return storage, compute
 
 
-def plan_for(axes: Axes, gm: fx.GraphModule, names: dict[int, str], params: dict[str, torch.Tensor]) -> ParallelPlan:
-    storage, compute = placements(axes, params, tp_roles(gm, names) if any(r == "tp" for r, _ in axes) else {})
+def plan_for(axes: Axes, params: dict[str, torch.Tensor], tp: TPLayout) -> ParallelPlan:
+    storage, compute = placements(axes, params, tp.roles if any(r == "tp" for r, _ in axes) else {})
     return ParallelPlan(axes, storage, compute)
