@@ -132,23 +132,26 @@ class LlamaBlock(nn.Module):
         d, self.h, self.kvh, self.hd = cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.n_embd // cfg.n_head
         self.norm1, self.norm2 = RMSNorm(d), RMSNorm(d)
         self.q = nn.Linear(d, self.h * self.hd, bias=False)
-        self.kv = nn.Linear(d, 2 * self.kvh * self.hd, bias=False)  # fewer k/v heads than q heads
+        self.k = nn.Linear(d, self.kvh * self.hd, bias=False)   # fewer k/v heads than q heads
+        self.v = nn.Linear(d, self.kvh * self.hd, bias=False)
         self.o = nn.Linear(self.h * self.hd, d, bias=False)
-        self.gate_up = nn.Linear(d, 2 * cfg.intermediate, bias=False)
+        self.gate = nn.Linear(d, cfg.intermediate, bias=False)  # separate projections, as in HF Llama
+        self.up = nn.Linear(d, cfg.intermediate, bias=False)
         self.down = nn.Linear(cfg.intermediate, d, bias=False)
 
     def forward(self, x, cos, sin):
         B, T, C = x.shape
         h = self.norm1(x)
         q = self.q(h).view(B, T, self.h, self.hd).transpose(1, 2)
-        k, v = self.kv(h).view(B, T, 2 * self.kvh, self.hd).transpose(1, 2).chunk(2, dim=1)
+        k = self.k(h).view(B, T, self.kvh, self.hd).transpose(1, 2)
+        v = self.v(h).view(B, T, self.kvh, self.hd).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         rep = self.h // self.kvh  # repeat_interleave: q head i reads kv head i // rep
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
-        gate, up = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)  # SwiGLU
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))  # SwiGLU
 
 
 class Llama(nn.Module):

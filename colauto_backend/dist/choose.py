@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -110,13 +111,21 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
     return Estimate(plan.axes, compute, comm, recompute, optimizer, memory, state, fits, recompute == 0.0 and fits)
 
 
-def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp: TPLayout, analysis: Analysis,
-           link: Link, budget: int | None) -> ParallelPlan:
-    """The joint choice, its prediction and every candidate's in `plan.predicted`."""
+def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: Callable[[int], TPLayout],
+           analysis: Analysis, link: Link, budget: int | None) -> ParallelPlan:
+    """The joint choice, its prediction and every candidate's in `plan.predicted`. `tp_layout(size)`
+    is the graph's tensor-parallel layout for a tp axis of that size."""
     start = time.perf_counter()
     single = Single.of(analysis)
-    plans = [plan_for(axes, params, tp) for axes in candidates]
-    estimates = [estimate(p, params, tp, single, link, budget) for p in plans]
+    layouts = {n: tp_layout(n) for n in {dict(axes).get("tp", 1) for axes in candidates}}
+    usable = [axes for axes in candidates if not layouts[dict(axes).get("tp", 1)].indivisible]
+    if not usable:
+        size = dict(candidates[0]).get("tp", 1)
+        raise ValueError(f"colauto: tp={size} cannot split {layouts[size].indivisible[0]}: set COLAUTO_MESH "
+                         "to a tp size that divides every head count, or another role for that axis")
+    candidates = usable
+    plans = [plan_for(axes, params, layouts[dict(axes).get("tp", 1)]) for axes in candidates]
+    estimates = [estimate(p, params, layouts[dict(p.axes).get("tp", 1)], single, link, budget) for p in plans]
     fitting = [i for i, e in enumerate(estimates) if e.fits]
     if not fitting:
         least = min(estimates, key=lambda e: e.memory_bytes)

@@ -7,7 +7,8 @@ tensor is that same storage: the optimizer steps the shard, `state_dict()` shows
 `torch.distributed.checkpoint` saves and loads them in place. A hook moves each gradient from the
 DTensor parameter to the original one.
 
-After sharding, Dynamo sees DTensor parameters and recompiles. Hooks on the root module turn the
+After sharding, Dynamo sees DTensor parameters and recompiles (colauto compiles the sharded module
+itself for the first call; the user's recompile reuses that compiled graph). Hooks on the root module turn the
 rank's micro-batch into a DTensor (sharded on dim 0 over the whole mesh, gathered over tp) and the
 outputs back into local tensors; reading a parameter gives it in its compute placement (an fsdp axis
 gathered), so the re-traced graph has the gathers in it, and AOTAutograd lowers it to a local graph
@@ -50,6 +51,7 @@ class Sharded:
         """Replace the parameters (not from inside the backend: Dynamo checks its guards against the
         module right after the backend returns, so this runs at the first call)."""
         self._shard(self.root)
+        self._pin_tp_activations()
         self.root.register_forward_pre_hook(self._inputs_hook, with_kwargs=True)
         self.root.register_forward_hook(self._outputs_hook)
         self.done = True
@@ -73,6 +75,21 @@ class Sharded:
                     if t is not None and id(t) in self.dparam:
                         table[name] = self.dparam[id(t)]
             _use_compute_placements(mod, self)
+
+    def _pin_tp_activations(self) -> None:
+        """Megatron's activations, whatever DTensor's propagation would pick on its own: a column
+        module reads its input replicated over tp, a row module's output is all-reduced over tp.
+        Plain hooks: Dynamo traces them into the graph."""
+        def on_tp(x):
+            if not isinstance(x, DTensor):
+                return x
+            return x.redistribute(self.mesh, [Replicate() if r == "tp" else p for r, p in zip(self.roles, x.placements)])
+        modules = dict(self.root.named_modules())
+        for fqn, role in self.plan.tp_modules.items():
+            if role == "col":
+                modules[fqn].register_forward_pre_hook(lambda m, args: (on_tp(args[0]), *args[1:]))
+            else:
+                modules[fqn].register_forward_hook(lambda m, args, out: on_tp(out))
 
     def _grad_mover(self, original: torch.Tensor, spec: list):
         ref = weakref.ref(original)
@@ -122,15 +139,19 @@ class Sharded:
         return tree_map(self.to_output, output)
 
     # -- the first call, before Dynamo has seen the DTensor parameters --------------------------------
-    def first_call(self, call: "FirstCall"):
-        """Shard, then run this one call eagerly through the sharded module (Dynamo re-traces it on
-        the next call; the graph captured before sharding has the micro-batch's sizes baked in)."""
+    def first_call(self, call: "FirstCall", compile_module):
+        """Shard, then run this one call through `compile_module(root)` (a torch.compile of the sharded
+        module: the graph captured before sharding has the micro-batch's sizes baked in, and eager
+        DTensor code hits view bugs a traced graph does not)."""
+        compiled = []
+
         @torch.compiler.disable
         def run(*args):
             if not self.done:
                 self.shard()
+                compiled.append(compile_module(self.root))
             pos, kw = call.fill(args)
-            out = self.root(*pos, **kw)
+            out = compiled[0](*pos, **kw)
             return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return run
 

@@ -16,6 +16,15 @@ from . import choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
 SHARDED: list[emit.Sharded] = []          # the modules sharded in this process (for tests and reports)
+_COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, input signature) -> its compiled callable
+
+
+def _signature(t) -> tuple:
+    if isinstance(t, DTensor):
+        return ("dtensor", tuple(t.shape), t.dtype, tuple(t.placements), id(t.device_mesh))
+    if isinstance(t, torch.Tensor):
+        return ("tensor", tuple(t.shape), t.dtype, t.requires_grad)
+    return ("value", repr(t))
 
 
 def active(config: Config) -> bool:
@@ -26,7 +35,10 @@ def active(config: Config) -> bool:
 def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_local: Callable) -> Callable:
     if any(isinstance(t, DTensor) for t in example_inputs):      # the re-trace of a sharded module
         emit.mark_compiled(example_inputs)
-        return compile_local(gm, example_inputs)
+        key = (gm.code, tuple(_signature(t) for t in example_inputs))
+        if key not in _COMPILED:    # the first call compiled it; the user's recompile traces the same graph
+            _COMPILED[key] = compile_local(gm, example_inputs)
+        return _COMPILED[key]
     if not any(isinstance(t, torch.nn.Parameter) for t in example_inputs):
         return compile_local(gm, example_inputs)                  # no model state: nothing to place
     frame = compat.compiled_frame_locals()
@@ -37,7 +49,10 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_lo
     check_same_plan(plan)
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
-    return sharded.first_call(emit.FirstCall(root, frame, example_inputs))
+    from ..backend import make_backend   # local import: the backend imports this module
+    backend = make_backend(config)
+    return sharded.first_call(emit.FirstCall(root, frame, example_inputs),
+                              lambda module: torch.compile(module, backend=backend))
 
 
 def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], params: dict,
@@ -47,8 +62,8 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     analysis = analyze_only(config, gm, example_inputs)
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
-    return choose.choose(mesh.candidates(config.mesh, world), params, strategy.tp_layout(gm, names),
-                         analysis, link, budget)
+    return choose.choose(mesh.candidates(config.mesh, world), params,
+                         lambda size: strategy.tp_layout(gm, names, size), analysis, link, budget)
 
 
 @functools.cache

@@ -2,7 +2,9 @@
 
 Placements are strings so a plan is JSON and hashable across ranks: "R" replicated, "S0"/"S1" sharded
 on that tensor dim. `storage` is what a rank holds; `compute` is what the graph uses (an fsdp axis
-gathers before use: its gradient is reduce-scattered back to the storage placement).
+gathers before use: its gradient is reduce-scattered back to the storage placement). `tp_modules`
+pins the activations of tensor parallelism: a column module's input is replicated over tp (gathered),
+a row module's output too (its partial sums all-reduced), as in Megatron.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class ParallelPlan:
     axes: Axes
     storage: dict[str, tuple[str, ...]]       # parameter/buffer fqn -> placement per mesh axis
     compute: dict[str, tuple[str, ...]]
+    tp_modules: dict[str, str] = dataclasses.field(default_factory=dict)   # module fqn -> "col" | "row"
     predicted: dict = dataclasses.field(default_factory=dict, compare=False)   # step time, memory, comm
 
     @property
@@ -28,7 +31,7 @@ class ParallelPlan:
     def digest(self) -> str:
         """Same on every rank iff the ranks will run the same program."""
         body = json.dumps({"axes": self.axes, "storage": sorted(self.storage.items()),
-                           "compute": sorted(self.compute.items())})
+                           "compute": sorted(self.compute.items()), "tp": sorted(self.tp_modules.items())})
         return hashlib.sha1(body.encode()).hexdigest()[:16]
 
     def local_shape(self, fqn: str, shape: tuple[int, ...], coord: tuple[int, ...],
@@ -45,4 +48,4 @@ class ParallelPlan:
 
     def to_json(self) -> dict:
         return {"mesh": self.mesh_str, "digest": self.digest(), "storage": self.storage,
-                "compute": self.compute, "predicted": self.predicted}
+                "compute": self.compute, "tp_modules": self.tp_modules, "predicted": self.predicted}

@@ -4,8 +4,10 @@ tp pairs linear layers Megatron-style: a linear whose input is not feature-shard
 parallel (weight and bias sharded on the output features), and one whose input is the feature-sharded
 result of a column linear (through ops that keep the last dim apart) becomes row parallel (weight
 sharded on the input features; its output is a partial sum, all-reduced by DTensor at the next use).
-Everything else is replicated on the tp axis. DTensor's own sharding rules then place every
-intermediate; a pairing this rule gets wrong costs communication, never correctness.
+A fused projection whose output is split afterwards (GPT-2's qkv) stays replicated: its shards would
+not line up with the split, and DTensor would gather the whole output back. Everything else is
+replicated on the tp axis. DTensor's own sharding rules then place every intermediate; a pairing
+this rule gets wrong costs communication, never correctness.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ _LINEAR = {F.linear, torch._C._nn.linear}
 _MIXING = {F.layer_norm, F.rms_norm, F.cross_entropy, F.softmax, F.log_softmax, torch.softmax,
            torch.log_softmax, F.embedding}
 _MIXING_METHODS = {"mean", "sum", "softmax", "log_softmax", "norm", "max", "min"}
+_SPLITS = {torch.split, torch.chunk, torch.tensor_split}
+_SPLIT_METHODS = {"split", "chunk", "tensor_split", "unbind"}
 
 
 @dataclasses.dataclass
@@ -33,21 +37,28 @@ class TPLayout:
     row_outputs: list[fx.Node]             # partial sums, all-reduced (and their gradients too)
     gathered: list[fx.Node]                # feature-sharded values a mixing op reads: all-gathered
     sharded_fraction: float                # share of the graph's activation bytes that tp shards
+    indivisible: list[str] = dataclasses.field(default_factory=list)   # weights whose heads tp cannot split
 
 
-def tp_layout(gm: fx.GraphModule, names: dict[int, str]) -> TPLayout:
-    """`names` maps a placeholder's position in the graph to its parameter fqn."""
+def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
+    """The layout for a tp axis of `size`. `names` maps a placeholder's position in the graph to its
+    parameter fqn. A column linear whose output is viewed into heads that `size` does not divide (two
+    k/v heads over four ranks) is listed in `indivisible`: DTensor cannot shard its gradients' views,
+    so that tp size is not offered."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     param_of = {n: names[i] for i, n in enumerate(placeholders) if i in names}
     roles: dict[str, str] = {}
     sharded: set[fx.Node] = set()
-    rows, gathered = [], []
+    rows, gathered, indivisible = [], [], []
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _LINEAR:
             x, w = n.args[0], n.args[1]
             bias = n.args[2] if len(n.args) > 2 else n.kwargs.get("bias")
             wname = param_of.get(w)
-            if wname is None:
+            if wname is None or (x not in sharded and _is_split(n)):
+                continue
+            if x not in sharded and _heads(n) % size:
+                indivisible.append(f"{wname} ({_heads(n)} heads)")
                 continue
             if x in sharded and roles.get(wname) != "col":
                 roles.setdefault(wname, "row")
@@ -67,13 +78,29 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str]) -> TPLayout:
                 sharded.add(n)
     total = sum(nbytes(n) for n in gm.graph.nodes if n.op != "placeholder")
     part = sum(nbytes(n) for n in sharded)
-    return TPLayout(roles, rows, gathered, part / total if total else 0.0)
+    return TPLayout(roles, rows, gathered, part / total if total else 0.0, indivisible)
 
 
 def nbytes(n: fx.Node) -> int:
     """Bytes of a Dynamo graph node's example value (0 for non-tensors)."""
     v = n.meta.get("example_value")
     return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+
+
+def _heads(n: fx.Node) -> int:
+    """The leading factor a view splits `n`'s last dim into (its heads); the dim itself if none."""
+    val = n.meta.get("example_value")
+    width = val.shape[-1] if isinstance(val, torch.Tensor) and val.dim() else 1
+    for u in n.users:
+        out = u.meta.get("example_value")
+        if (u.op == "call_method" and u.target in ("view", "reshape") and isinstance(out, torch.Tensor)
+                and out.dim() == val.dim() + 1 and out.shape[-2] * out.shape[-1] == width):
+            return int(out.shape[-2])
+    return int(width)
+
+
+def _is_split(n: fx.Node) -> bool:
+    return any(u.target in _SPLITS or (u.op == "call_method" and u.target in _SPLIT_METHODS) for u in n.users)
 
 
 def _inputs(n: fx.Node) -> set[fx.Node]:
@@ -99,5 +126,7 @@ def placements(axes: Axes, params: dict[str, torch.Tensor], tp: dict[str, str]) 
 
 
 def plan_for(axes: Axes, params: dict[str, torch.Tensor], tp: TPLayout) -> ParallelPlan:
-    storage, compute = placements(axes, params, tp.roles if any(r == "tp" for r, _ in axes) else {})
-    return ParallelPlan(axes, storage, compute)
+    has_tp = any(r == "tp" for r, _ in axes)
+    storage, compute = placements(axes, params, tp.roles if has_tp else {})
+    modules = {fqn.rpartition(".")[0]: role for fqn, role in tp.roles.items() if role in ("col", "row")}
+    return ParallelPlan(axes, storage, compute, modules if has_tp else {})

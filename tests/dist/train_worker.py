@@ -1,8 +1,10 @@
 """Run under torchrun: 5 AdamW steps of a tiny model with colauto on every rank, each rank feeding its
 own micro-batch, against single-process eager training on the concatenated global batch (computed on
-every rank). Writes one JSON per rank: losses, the reference losses, the plan and local parameter bytes.
+every rank). Several runs share one launch; each is MODEL@MESH (MESH as COLAUTO_MESH, "auto" for the
+planner's choice). Writes rank<r>.json: per run the losses, the reference losses, the plan, the local
+parameter shapes and, with --checkpoint, a torch.distributed.checkpoint round trip.
 
-    torchrun --nproc-per-node 2 tests/dist/train_worker.py --model gpt2 --out /tmp/r
+    torchrun --nproc-per-node 2 tests/dist/train_worker.py --out /tmp/r gpt2@dp=2 llama@auto
 """
 import argparse
 import copy
@@ -19,7 +21,7 @@ from examples.models import build  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("runs", nargs="+", help="MODEL@MESH")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=2, help="micro-batch per rank")
     ap.add_argument("--seq", type=int, default=16)
@@ -28,16 +30,25 @@ def main() -> None:
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
+    results = [run(spec, args) for spec in args.runs]
+    with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def run(spec: str, args) -> dict:
+    model_name, _, mesh = spec.partition("@")
     rank, world = dist.get_rank(), dist.get_world_size()
+    torch._dynamo.reset()
     torch.manual_seed(0)
-    model, make = build(args.model, "tiny")
+    model, make = build(model_name, "tiny")
     ref = copy.deepcopy(model)
     x, y = make(args.batch * world, args.seq)                  # the global batch, same on every rank
     xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]       # this rank's micro-batch
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    compiled = torch.compile(model, backend="colauto")
+    compiled = torch.compile(model, backend="colauto", options={"mesh": mesh})
     losses, ref_losses = [], []
     for _ in range(args.steps):
         loss = compiled(xs, ys)
@@ -54,20 +65,18 @@ def main() -> None:
     from colauto_backend.dist.entry import SHARDED
     sharded = SHARDED[-1]
     coord = tuple(sharded.mesh.get_coordinate())
-    local = {n: p.to_local() for n, p in model.named_parameters()}
-    out = {"rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": sharded.plan.to_json(),
+    out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": sharded.plan.to_json(),
            "coord": coord, "grad_fallbacks": sharded.grad_fallbacks,
-           "local_shapes": {n: list(t.shape) for n, t in local.items()},
+           "local_shapes": {n: list(p.to_local().shape) for n, p in model.named_parameters()},
            "planned_shapes": {n: list(sharded.plan.local_shape(n, tuple(p.shape), coord))
                               for n, p in model.named_parameters()},
-           "global_shapes": {n: list(p.shape) for n, p in model.named_parameters()},
+           "full_shapes": {n: list(p.shape) for n, p in ref.named_parameters()},
+           "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
            "max_param_diff": max((p.full_tensor() - q).abs().max().item()
                                  for p, q in zip(model.parameters(), ref.parameters()))}
     if args.checkpoint:
-        out["checkpoint"] = checkpoint_round_trip(model, os.path.join(args.out, "ckpt"))
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump(out, f)
-    dist.destroy_process_group()
+        out["checkpoint"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{len(SHARDED)}"))
+    return out
 
 
 def checkpoint_round_trip(model, path: str) -> dict:
