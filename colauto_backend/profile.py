@@ -132,11 +132,26 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
 
 
 def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | int | None = None,
-            options: dict | None = None):
-    """The rematerialization Plan colauto would run for this model under `budget` (bytes, '12GiB',
-    a fraction of device memory, or 'none'); raises planner.BudgetError if nothing fits."""
+            mesh: str | None = None, device: str | None = None, options: dict | None = None):
+    """The plan colauto would run for this model, without running it.
+
+    Without `mesh`: the rematerialization Plan under `budget` (bytes, '12GiB', a fraction of device
+    memory, or 'none'); raises planner.BudgetError if nothing fits. With `mesh` ("8", "2x4",
+    "fsdp=2,tp=4"): the ParallelPlan for that many devices (mesh, placements, and in `.predicted` the
+    per-device step time, memory and every candidate mesh), planned in this process; `example_inputs`
+    are one rank's micro-batch. `device` names a roofline preset (h100, h200, a100, cpu)."""
     options = dict(options or {})
     if budget is not None:
         options["memory_budget"] = budget
-    analysis, _ = capture(model, example_inputs, options)
-    return analysis.plan
+    if device is not None:
+        options["device"] = device
+    if mesh is None:
+        analysis, _ = capture(model, example_inputs, options)
+        return analysis.plan
+    from .dist import entry
+    options["mesh"] = mesh
+    config = cfg.load(options)
+    world = 1
+    for _, size in config.mesh or ():
+        world *= size
+    return entry.plan_model(model, example_inputs, config, world)

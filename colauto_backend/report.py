@@ -98,3 +98,39 @@ def _plan_lines(plan: dict | None) -> list[str]:
     else:
         lines.append("nothing recomputed: the step fits the budget as it is")
     return lines
+
+
+def render_parallel(plan: dict) -> str:
+    """The parallel plan: chosen mesh, its prediction, and every candidate mesh's."""
+    p = plan["predicted"]
+    budget = "none" if p["budget_bytes"] is None else fmt_bytes(p["budget_bytes"])
+    lines = [f"colauto parallel plan  mesh {plan['mesh']}  (digest {plan['digest']}, link {p['link']}, "
+             f"solved in {p['solve_s'] * 1e3:.0f} ms)",
+             f"predicted per device: step {p['step_time_s'] * 1e3:.3f} ms = compute {p['compute_s'] * 1e3:.3f} + "
+             f"communication {p['comm_s'] * 1e3:.3f} + recompute {p['recompute_s'] * 1e3:.3f} + optimizer "
+             f"{p['optimizer_s'] * 1e3:.3f}; peak {fmt_bytes(p['memory_bytes'])} of budget {budget} "
+             f"(model state {fmt_bytes(p['state_bytes'])})",
+             "sequential choice (shard, then rematerialize): " + (
+                 "does not fit" if p["sequential_mesh"] is None else
+                 f"{p['sequential_mesh']}, {p['sequential_step_time_s'] * 1e3:.3f} ms"),
+             f"{'candidate mesh':<24} {'step':>11} {'comm':>11} {'recompute':>11} {'peak':>12}"]
+    for c in p["candidates"]:
+        lines.append(f"{c['mesh']:<24} {c['step_time_s'] * 1e3:>9.3f}ms {c['comm_s'] * 1e3:>9.3f}ms "
+                     f"{c['recompute_s'] * 1e3:>9.3f}ms {fmt_bytes(c['memory_bytes']):>12}"
+                     + ("" if c["fits"] else "  (does not fit)"))
+    tp = plan.get("tp_modules") or {}
+    if tp:
+        lines.append(f"tensor parallel: {sum(r == 'col' for r in tp.values())} column and "
+                     f"{sum(r == 'row' for r in tp.values())} row modules")
+    return "\n".join(lines)
+
+
+def emit_parallel(plan: dict, setting: str | None) -> None:
+    """COLAUTO_REPORT for the parallel plan: printed on rank 0, or JSON next to the cost-model report."""
+    if setting is None or _rank() != 0:
+        return
+    if setting == "1":
+        print(render_parallel(plan), flush=True)
+    else:
+        with open(setting.removesuffix(".json") + ".parallel.json", "w") as f:
+            json.dump(plan, f, indent=1, default=str)

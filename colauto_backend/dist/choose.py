@@ -9,12 +9,17 @@ single-device analysis (the cost model at the rank's micro-batch):
 - model state: exact local shard sizes of parameters, gradients and optimizer state, plus the
   gathered copies of fsdp-sharded parameters (forward collectives are saved for backward).
 - communication: the alpha-beta model (comm.py) per parameter and per tp activation crossing.
+  Gradient reductions (all-reduce over dp, reduce-scatter over fsdp) are issued as gradients appear
+  and waited for at the end of backward, so they hide behind backward compute up to its length;
+  fsdp gathers and tp activation collectives sit on the critical path.
 - rematerialization: if the prediction is over the budget, the cheapest point of the remat DP's
   Pareto frontier that frees enough activation memory; its recompute time is added. None frees
   enough: the candidate does not fit.
 The joint choice is the fastest candidate that fits with its rematerialization. For comparison the
-sequential choice (shard first, then rematerialize, as Colossal-Auto does) is the fastest candidate
-whose state fits without rematerialization, then rematerialized; the joint one is never slower.
+sequential choice (shard first, then rematerialize, as Colossal-Auto does) is the candidate fastest
+without recomputation among those that fit without it (all, if none does), then rematerialized; the
+joint one is never slower, and is faster where the sharding that is fastest before recomputation is
+not the fastest after it.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import torch
 
 from .. import planner
 from ..analysis import Analysis
+from ..report import fmt_bytes
 from .comm import Link
 from .mesh import Axes
 from .plan import ParallelPlan
@@ -39,6 +45,7 @@ class Single:
     """The numbers of the rank's single-device step that the candidates scale."""
     compute_s: float             # forward + backward
     matmul_share: float          # of compute_s
+    backward_share: float        # of compute_s
     optimizer_s: float
     param_bytes: int
     optimizer_ratio: float       # optimizer state bytes per parameter byte
@@ -56,7 +63,8 @@ class Single:
         frontier, _, quantum = planner.remat_frontier(analysis.joint, analysis, ev)
         kept = frontier.memory * quantum
         order = np.argsort(kept[-1] - kept)
-        return cls(compute, float(times[matmul].sum()) / compute if compute else 0.0, ev["est_optimizer_time_s"],
+        return cls(compute, float(times[matmul].sum()) / compute if compute else 0.0,
+                   float(times[~analysis._is_fwd].sum()) / compute if compute else 0.0, ev["est_optimizer_time_s"],
                    ev["param_bytes"], ev["optimizer_state_bytes"] / max(ev["param_bytes"], 1),
                    max(ev["peak_memory_bytes"] - persistent, ev["saved_activation_bytes"]),
                    (kept[-1] - kept)[order], frontier.time[order])
@@ -86,29 +94,31 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
     s_act = tp.sharded_fraction + (1 - tp.sharded_fraction) * n_tp
     compute = single.compute_s * (single.matmul_share + (1 - single.matmul_share) * s_act)
     origin = (0,) * len(plan.axes)               # the first shard is the largest (torch.chunk)
-    stored = used = comm = 0.0
+    stored = used = gather = reduce = 0.0
     for fqn, p in params.items():
         elem = p.element_size()
         here = math.prod(plan.local_shape(fqn, tuple(p.shape), origin)) * elem
         whole = math.prod(plan.local_shape(fqn, tuple(p.shape), origin, compute=True)) * elem
         stored, used = stored + here, used + whole
         fsdp = next((n for (r, n), pl in zip(plan.axes, plan.storage[fqn]) if r == "fsdp" and pl != "R"), 1)
-        comm += link.all_gather(whole, fsdp) + link.reduce_scatter(whole, fsdp)   # gather; reduce grads
-        comm += link.all_reduce(whole / fsdp, sizes.get("dp", 1))
-    comm += sum(2 * link.all_reduce(nbytes(n) * n_tp, n_tp) for n in tp.row_outputs) if n_tp > 1 else 0.0
-    comm += sum(link.all_gather(nbytes(n) * n_tp, n_tp) for n in tp.gathered) if n_tp > 1 else 0.0
+        gather += link.all_gather(whole, fsdp)
+        reduce += link.reduce_scatter(whole, fsdp) + link.all_reduce(whole / fsdp, sizes.get("dp", 1))
+    activations = 0.0
+    if n_tp > 1:
+        activations += sum(2 * link.all_reduce(nbytes(n) * n_tp, n_tp) for n in tp.row_outputs)
+        activations += sum(link.all_gather(nbytes(n) * n_tp, n_tp) for n in tp.gathered)
+    comm = gather + activations + max(0.0, reduce - compute * single.backward_share)
     state = int(stored * (2 + single.optimizer_ratio) + (used - stored))
-    memory = state + int(single.transient_bytes * s_act)
+    memory = memory_before = state + int(single.transient_bytes * s_act)
     limit = math.inf if budget is None else budget * (1 - planner.HEADROOM)
     recompute, fits = 0.0, memory <= limit
-    if not fits:
+    if not fits:   # the cheapest frontier point that frees enough; none: the one that frees most
         enough = np.nonzero(single.freed * s_act >= memory - limit)[0]
-        if len(enough):
-            k = int(enough[np.argmin(single.recompute_s[enough])])
-            recompute = float(single.recompute_s[k]) * (single.matmul_share + (1 - single.matmul_share) * s_act)
-            memory, fits = int(memory - single.freed[k] * s_act), True
+        k = int(enough[np.argmin(single.recompute_s[enough])]) if len(enough) else len(single.freed) - 1
+        recompute = float(single.recompute_s[k]) * (single.matmul_share + (1 - single.matmul_share) * s_act)
+        memory, fits = int(memory - single.freed[k] * s_act), len(enough) > 0
     optimizer = single.optimizer_s * stored / max(single.param_bytes, 1)
-    return Estimate(plan.axes, compute, comm, recompute, optimizer, memory, state, fits, recompute == 0.0 and fits)
+    return Estimate(plan.axes, compute, comm, recompute, optimizer, memory, state, fits, fits and memory_before <= limit)
 
 
 def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: Callable[[int], TPLayout],
@@ -130,24 +140,32 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
     if not fitting:
         least = min(estimates, key=lambda e: e.memory_bytes)
         raise planner.BudgetError(
-            f"COLAUTO_MEMORY_BUDGET: no mesh fits {budget / 2**30:.2f} GiB per device; the smallest "
-            f"prediction is {least.memory_bytes / 2**30:.2f} GiB ({_mesh(least.axes)}): raise the budget, "
-            "use more devices or shrink the batch", int(least.memory_bytes / (1 - planner.HEADROOM)) + 1)
+            f"COLAUTO_MEMORY_BUDGET: no mesh fits {fmt_bytes(budget)} per device; the smallest prediction is "
+            f"{fmt_bytes(least.memory_bytes)} ({_mesh(least.axes)}): raise the budget, use more devices or "
+            "shrink the batch", int(least.memory_bytes / (1 - planner.HEADROOM)) + 1)
     joint = min(fitting, key=lambda i: estimates[i].time_s)
-    no_remat = [i for i in fitting if estimates[i].fits_without_remat]
-    sequential = min(no_remat, key=lambda i: estimates[i].time_s - estimates[i].recompute_s) if no_remat else joint
+    sequential = _sequential(estimates)
     chosen = estimates[joint]
     predicted = {
         "step_time_s": chosen.time_s, "compute_s": chosen.compute_s, "comm_s": chosen.comm_s,
         "recompute_s": chosen.recompute_s, "optimizer_s": chosen.optimizer_s,
         "memory_bytes": chosen.memory_bytes, "state_bytes": chosen.state_bytes, "budget_bytes": budget,
-        "link": link.name, "sequential_mesh": _mesh(estimates[sequential].axes),
-        "sequential_step_time_s": estimates[sequential].time_s,
+        "link": link.name,
+        "sequential_mesh": None if sequential is None else _mesh(estimates[sequential].axes),
+        "sequential_step_time_s": None if sequential is None else estimates[sequential].time_s,
         "candidates": [dict(mesh=_mesh(e.axes), step_time_s=e.time_s, comm_s=e.comm_s, recompute_s=e.recompute_s,
                             memory_bytes=e.memory_bytes, fits=e.fits) for e in estimates],
         "solve_s": time.perf_counter() - start,
     }
     return dataclasses.replace(plans[joint], predicted=predicted)
+
+
+def _sequential(estimates: list[Estimate]) -> int | None:
+    """Shard first, then rematerialize: the candidate fastest without recomputation among those whose
+    memory fits without it (all of them, if none does), then rematerialized; None if it cannot fit."""
+    pool = [i for i, e in enumerate(estimates) if e.fits_without_remat] or range(len(estimates))
+    best = min(pool, key=lambda i: estimates[i].time_s - estimates[i].recompute_s)
+    return best if estimates[best].fits else None
 
 
 def _mesh(axes: Axes) -> str:

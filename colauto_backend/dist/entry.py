@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor
 
 from .. import _torch_compat as compat
 from ..config import Config
-from .. import planner
+from .. import planner, report
 from . import choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
@@ -47,6 +47,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_lo
     _register_rules()
     plan = plan_graph(gm, example_inputs, names, dict(root.named_parameters()), config, mesh.world_size())
     check_same_plan(plan)
+    report.emit_parallel(plan.to_json(), config.report)
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
     from ..backend import make_backend   # local import: the backend imports this module
@@ -64,6 +65,28 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
     return choose.choose(mesh.candidates(config.mesh, world), params,
                          lambda size: strategy.tp_layout(gm, names, size), analysis, link, budget)
+
+
+class _Planned(Exception):
+    pass
+
+
+def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, world: int) -> ParallelPlan:
+    """The plan colauto would run for `model` on `world` devices, from this one process: no process
+    group, no kernel, nothing sharded (explain's distributed form)."""
+    plans: list[ParallelPlan] = []
+
+    def backend(gm, inputs):
+        root, names = _root_module(gm, inputs, compat.compiled_frame_locals())
+        plans.append(plan_graph(gm, inputs, names, dict(root.named_parameters()), config, world))
+        raise _Planned()
+    try:
+        torch.compile(model, backend=backend, fullgraph=True)(*example_inputs)
+    except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
+        inner = compat.unwrap_backend_error(exc)
+        if not isinstance(inner, _Planned):
+            raise (inner if inner is not exc else exc) from None
+    return plans[0]
 
 
 @functools.cache
