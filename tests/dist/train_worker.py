@@ -30,6 +30,7 @@ def main() -> None:
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
+    os.makedirs(args.out, exist_ok=True)
     results = [run(spec, args) for spec in args.runs]
     with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(results, f)

@@ -1,0 +1,156 @@
+"""colauto's automatic parallel plan against hand-written DDP, FSDP2 and tensor parallel, all compiled.
+
+    torchrun --nproc-per-node 4 -m bench.dist_compare --model gpt2:774m --batch 8 --seq 1024 --out /tmp/d
+
+Every configuration trains the same global batch (--batch per GPU times the GPUs), bf16 autocast,
+fused AdamW, Inductor code generation (on a machine without CUDA: gloo, fp32, for a dry run): colauto (COLAUTO_CODEGEN=inductor, its automatic mesh), DDP +
+torch.compile, FSDP2 (fully_shard per block) + torch.compile, and tensor parallel
+(parallelize_module: Megatron column/row pairs, DTensor activations) + torch.compile, where each rank of
+the tp group runs the whole global batch. Writes one JSON per configuration on rank 0: tokens/s per GPU,
+measured peak memory (max over ranks), colauto's predicted peak and plan, or the error that stopped it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+import traceback
+
+for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                     ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(_var, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import colauto_backend  # noqa: E402
+from examples.models import build  # noqa: E402
+
+if "colauto" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(colauto_backend.colauto, name="colauto")
+
+CONFIGS = ("colauto", "ddp", "fsdp2", "tp")
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+def linear_roles(model: nn.Module) -> dict[str, str]:
+    """Megatron pairs for the zoo's models (module path -> colwise/rowwise)."""
+    roles = {}
+    for name, mod in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if leaf in ("fc", "q", "k", "v", "gate", "up"):
+            roles[name] = "col"
+        elif leaf in ("down", "o") or (leaf == "proj" and name.endswith("mlp.proj")):
+            roles[name] = "row"
+    return roles
+
+
+def prepare(kind: str, model: nn.Module, world: int):
+    """(module to call, batch multiplier) for a hand-written configuration."""
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return torch.compile(DDP(model, device_ids=[torch.cuda.current_device()] if CUDA else None)), 1
+    if kind == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return torch.compile(model), 1
+    if kind == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("cuda" if CUDA else "cpu", (world,))
+        styles = {n: ColwiseParallel(use_local_output=False) if r == "col" else RowwiseParallel()
+                  for n, r in linear_roles(model).items()}
+        parallelize_module(model, mesh, styles)
+        return torch.compile(model), world          # every tp rank runs the whole global batch
+    return torch.compile(model, backend="colauto", options={"codegen": "inductor"}), 1
+
+
+def run(kind: str, args, rank: int, world: int) -> dict:
+    torch._dynamo.reset()
+    if CUDA:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    name, size = args.model.split(":")
+    model, make = build(name, size, device=DEVICE)
+    fn, mult = prepare(kind, model, world)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=CUDA)
+    # every rank its own micro-batch (tp: the group's whole batch), as a data loader would give it
+    x, y = (t.to(DEVICE) for t in make(args.batch * mult * world, args.seq))
+    if mult == 1:
+        x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+    compile_start = time.perf_counter()
+    times = []
+    for step in range(args.warmup + args.steps):
+        sync()
+        start = time.perf_counter()
+        with torch.autocast("cuda", torch.bfloat16) if CUDA else torch.autocast("cpu", enabled=False):
+            loss = fn(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - start)
+        if step == 0:
+            compile_s = time.perf_counter() - compile_start
+    timed = sorted(times[args.warmup:])
+    median = timed[len(timed) // 2]
+    peak = torch.tensor([torch.cuda.max_memory_allocated() if CUDA else 0], device=DEVICE)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    out = {"config": kind, "tokens_per_s_per_gpu": args.batch * args.seq / median,   # same global batch "step_s": median,
+           "steps_s": times, "peak_bytes": int(peak.item()), "compile_first_step_s": compile_s,
+           "loss": float(loss.detach().float().item() if not hasattr(loss, "full_tensor") else loss.full_tensor())}
+    if kind == "colauto":
+        from colauto_backend.dist.entry import SHARDED
+        plan = SHARDED[-1].plan
+        out.update(plan_mesh=plan.mesh_str, predicted=plan.predicted, grad_fallbacks=SHARDED[-1].grad_fallbacks)
+    del model, fn, opt
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2:774m")
+    ap.add_argument("--batch", type=int, default=8, help="micro-batch per GPU")
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if CUDA:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if CUDA else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"model": args.model, "batch_per_gpu": args.batch, "seq": args.seq, "gpus": world,
+            "card": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
+            "date": datetime.date.today().isoformat()}
+    for kind in args.configs.split(","):
+        try:
+            result = run(kind, args, rank, world)
+        except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
+            result = {"config": kind, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                      "trace": traceback.format_exc()[-3000:]}
+        if rank == 0:
+            tag = args.model.replace(":", "-")
+            with open(os.path.join(args.out, f"{tag}-{world}gpu-{kind}.json"), "w") as f:
+                json.dump(meta | result, f, indent=1, default=str)
+            print(json.dumps({k: v for k, v in result.items() if k not in ("steps_s", "trace", "predicted")},
+                             default=str), flush=True)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
