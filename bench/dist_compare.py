@@ -12,6 +12,7 @@ measured peak memory (max over ranks), colauto's predicted peak and plan, or the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -25,6 +26,7 @@ for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICA
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
+from torch.distributed.tensor.experimental import implicit_replication  # noqa: E402
 
 import colauto_backend  # noqa: E402
 from examples.models import build  # noqa: E402
@@ -94,8 +96,9 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     for step in range(args.warmup + args.steps):
         sync()
         start = time.perf_counter()
-        with torch.autocast("cuda", torch.bfloat16) if CUDA else torch.autocast("cpu", enabled=False):
-            loss = fn(x, y)
+        with torch.autocast("cuda", torch.bfloat16) if CUDA else torch.autocast("cpu", enabled=False), \
+                (implicit_replication() if kind == "tp" else contextlib.nullcontext()):
+            loss = fn(x, y)     # (tp: plain tensors made in forward, e.g. RoPE tables, count as replicated)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
