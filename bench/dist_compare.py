@@ -1,6 +1,7 @@
 """colauto's automatic parallel plan against hand-written DDP, FSDP2 and tensor parallel, all compiled.
 
     torchrun --nproc-per-node 4 -m bench.dist_compare --model gpt2:774m --batch 8 --seq 1024 --out /tmp/d
+    python -m bench.dist_compare --summarize --out /tmp/d          # summary.md of the folder
 
 Every configuration trains the same global batch (--batch per GPU times the GPUs), bf16 autocast,
 fused AdamW, Inductor code generation (on a machine without CUDA: gloo, fp32, for a dry run): colauto (COLAUTO_CODEGEN=inductor, its automatic mesh), DDP +
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import glob
 import json
 import os
 import time
@@ -96,12 +98,14 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     for step in range(args.warmup + args.steps):
         sync()
         start = time.perf_counter()
-        with torch.autocast("cuda", torch.bfloat16) if CUDA else torch.autocast("cpu", enabled=False), \
-                (implicit_replication() if kind == "tp" else contextlib.nullcontext()):
-            loss = fn(x, y)     # (tp: plain tensors made in forward, e.g. RoPE tables, count as replicated)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        # tp: plain tensors (RoPE tables made in forward, the parameters parallelize_module left alone,
+        # which fused AdamW steps together with the DTensor ones) count as replicated
+        with implicit_replication() if kind == "tp" else contextlib.nullcontext():
+            with torch.autocast("cuda", torch.bfloat16) if CUDA else torch.autocast("cpu", enabled=False):
+                loss = fn(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         sync()
         times.append(time.perf_counter() - start)
         if step == 0:
@@ -110,7 +114,8 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     median = timed[len(timed) // 2]
     peak = torch.tensor([torch.cuda.max_memory_allocated() if CUDA else 0], device=DEVICE)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    out = {"config": kind, "tokens_per_s_per_gpu": args.batch * args.seq / median,   # same global batch "step_s": median,
+    # tokens/s per GPU: the global batch's tokens per step over the GPUs (the same for every config)
+    out = {"config": kind, "tokens_per_s_per_gpu": args.batch * args.seq / median, "step_s": median,
            "steps_s": times, "peak_bytes": int(peak.item()), "compile_first_step_s": compile_s,
            "loss": float(loss.detach().float().item() if not hasattr(loss, "full_tensor") else loss.full_tensor())}
     if kind == "colauto":
@@ -119,6 +124,30 @@ def run(kind: str, args, rank: int, world: int) -> dict:
         out.update(plan_mesh=plan.mesh_str, predicted=plan.predicted, grad_fallbacks=SHARDED[-1].grad_fallbacks)
     del model, fn, opt
     return out
+
+
+def summarize(directory: str) -> str:
+    """summary.md for a folder of this script's JSON files (one row per file)."""
+    rows, meta = [], None
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        d = json.load(open(path))
+        meta = meta or d
+        label = os.path.basename(path)[:-5].split("gpu-", 1)[1]
+        if "error" in d:
+            lines = d["error"].splitlines()     # Dynamo wraps the backend's error: show the inner one
+            rows.append(f"| {d['model']} | {label} | {next((x for x in lines[1:] if 'Error' in x), lines[0])} | | | | |")
+            continue
+        step = d["batch_per_gpu"] * d["seq"] / d["tokens_per_s_per_gpu"]
+        p = d.get("predicted")
+        rows.append(f"| {d['model']} | {label} | {d['tokens_per_s_per_gpu']:,.0f} | {d['peak_bytes'] / 2**30:.2f} | "
+                    + (f"{p['memory_bytes'] / 2**30:.2f} | {p['step_time_s'] * 1e3:.0f} / {step * 1e3:.0f} | "
+                       f"{d['plan_mesh']} |" if p else f" | - / {step * 1e3:.0f} | |"))
+    head = [f"{meta['gpus']}x {meta['card']}, torch {meta['torch']}, {meta['date']}: bf16 autocast, fused AdamW, "
+            f"T={meta['seq']}, micro-batch {meta['batch_per_gpu']} per GPU (the same global batch for every "
+            "configuration), median of the timed steps.", "",
+            "| model | configuration | tokens/s per GPU | measured peak GiB (max over ranks) | predicted peak GiB "
+            "| predicted / measured step ms | colauto mesh |", "|---|---|---|---|---|---|---|"]
+    return "\n".join(head + rows) + "\n"
 
 
 def main() -> None:
@@ -130,7 +159,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--summarize", action="store_true", help="only write OUT/summary.md from OUT's JSON files")
     args = ap.parse_args()
+    if args.summarize:
+        with open(os.path.join(args.out, "summary.md"), "w") as f:
+            f.write(summarize(args.out))
+        return
     if CUDA:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if CUDA else "gloo")
