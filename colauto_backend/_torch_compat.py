@@ -128,3 +128,8 @@ def register_cpu_attention_sharding() -> None:
     @register_sharding(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
     def _bwd(g, q, k, v, o, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
         return rules(6, 3, attn_mask)
+
+
+def example_int(x) -> int:
+    """A size as the example had it: ints as they are, a SymInt by its hint (no guard added)."""
+    return x if isinstance(x, int) else int(x.node.hint)

@@ -19,7 +19,7 @@ import torch
 from . import _torch_compat as compat
 from . import config as cfg
 from .analysis import Analysis
-from .backend import make_backend
+from .backend import local_backend
 
 
 class _Captured(Exception):
@@ -99,7 +99,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None)
         if isinstance(t, torch.Tensor):
             for d in range(t.dim()):
                 torch._dynamo.maybe_mark_dynamic(t, d)
-    compiled = torch.compile(model, backend=make_backend(config, on_analysis=stop), fullgraph=True)
+    compiled = torch.compile(model, backend=local_backend(config, on_analysis=stop), fullgraph=True)
     try:
         with compat.no_duck_sizing():
             compiled(*example_inputs)   # stops inside the backend once the analysis exists

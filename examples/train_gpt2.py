@@ -2,9 +2,12 @@
 
     python examples/train_gpt2.py                 # tiny model on CPU (seconds)
     python examples/train_gpt2.py --size 124m     # GPT-2 124M, B=16, T=1024, bf16 autocast on a GPU
+    torchrun --nproc-per-node 2 examples/train_gpt2.py    # the same script on 2 processes / GPUs
 
 An ordinary single-device training loop: the only colauto-specific lines are the backend name and the
-cost summary printed at the start (colauto_backend.profile, the same model the backend builds).
+cost summary printed at the start (colauto_backend.profile, the same model the backend builds). Under
+torchrun each rank takes its own slice of the global batch, as a DDP script's data loader would, and
+colauto plans the mesh (COLAUTO_REPORT=1 prints the plan).
 """
 import argparse
 import contextlib
@@ -29,14 +32,18 @@ def main() -> None:
     args = ap.parse_args()
 
     device = "cuda" if cuda else "cpu"
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     model, make_inputs = build("gpt2", args.size, device=device)
-    x, y = (t.to(device) for t in make_inputs(args.batch, args.seq))
+    x, y = (t.chunk(world)[rank].to(device) for t in make_inputs(args.batch * world, args.seq))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=cuda)
     autocast = torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext()
 
     with autocast:
         prof = colauto_backend.profile(model, x, y)
-    print(prof.report())
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(prof.report())
 
     compiled = torch.compile(model, backend="colauto")
     for step in range(args.steps):
@@ -48,10 +55,10 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize()
-        print(f"step {step}: loss {loss.item():.4f}  ({time.perf_counter() - start:.3f} s)", flush=True)
+        say(f"step {step}: loss {loss.item():.4f}  ({time.perf_counter() - start:.3f} s)", flush=True)
     if cuda:
-        print(f"peak memory: measured {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, "
-              f"predicted {prof.peak_memory_bytes / 2**30:.2f} GiB")
+        say(f"peak memory: measured {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB, "
+              f"predicted {prof.peak_memory_bytes / 2**30:.2f} GiB (one device, unsharded)")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,13 @@ this rule gets wrong costs communication, never correctness.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from .._torch_compat import example_int
 from .mesh import Axes
 from .plan import ParallelPlan
 
@@ -84,19 +86,23 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
 def nbytes(n: fx.Node) -> int:
     """Bytes of a Dynamo graph node's example value (0 for non-tensors)."""
     v = n.meta.get("example_value")
-    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+    return math.prod(_shape(v)) * v.element_size() if isinstance(v, torch.Tensor) else 0
 
 
 def _heads(n: fx.Node) -> int:
     """The leading factor a view splits `n`'s last dim into (its heads); the dim itself if none."""
     val = n.meta.get("example_value")
-    width = val.shape[-1] if isinstance(val, torch.Tensor) and val.dim() else 1
+    width = _shape(val)[-1] if isinstance(val, torch.Tensor) and val.dim() else 1
     for u in n.users:
         out = u.meta.get("example_value")
         if (u.op == "call_method" and u.target in ("view", "reshape") and isinstance(out, torch.Tensor)
-                and out.dim() == val.dim() + 1 and out.shape[-2] * out.shape[-1] == width):
-            return int(out.shape[-2])
-    return int(width)
+                and out.dim() == val.dim() + 1 and _shape(out)[-2] * _shape(out)[-1] == width):
+            return _shape(out)[-2]
+    return width
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return [example_int(s) for s in t.shape]
 
 
 def _is_split(n: fx.Node) -> bool:
