@@ -88,12 +88,6 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     name, size = args.model.split(":")
     model, make = build(name, size, device=DEVICE)
     fn, mult = prepare(kind, model, world)
-    if kind == "colauto" and args.comm_passes:   # experiment: Inductor's collective bucketing + overlap
-        import torch._inductor.config as inductor_config
-        for key, value in (("bucket_all_reduces_fx", "all"), ("bucket_reduce_scatters_fx", "all"),
-                           ("bucket_all_gathers_fx", "all"), ("reorder_for_compute_comm_overlap", True)):
-            if hasattr(inductor_config, key):
-                setattr(inductor_config, key, value)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=CUDA)
     # every rank its own micro-batch (tp: the group's whole batch), as a data loader would give it
     x, y = (t.to(DEVICE) for t in make(args.batch * mult * world, args.seq))
@@ -165,8 +159,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--comm-passes", action="store_true",
-                    help="colauto only: turn on Inductor's collective bucketing and compute/comm reordering")
     ap.add_argument("--summarize", action="store_true", help="only write OUT/summary.md from OUT's JSON files")
     args = ap.parse_args()
     if args.summarize:
