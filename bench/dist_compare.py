@@ -8,13 +8,15 @@ fused AdamW, Inductor code generation (on a machine without CUDA: gloo, fp32, fo
 torch.compile, FSDP2 (fully_shard per block) + torch.compile, and tensor parallel
 (parallelize_module: Megatron column/row pairs, DTensor activations) + torch.compile, where each rank of
 the tp group runs the whole global batch. Writes one JSON per configuration on rank 0: tokens/s per GPU,
-measured peak memory (max over ranks), colauto's predicted peak and plan, or the error that stopped it.
+measured peak memory (max over ranks, less what earlier configurations of the process still hold),
+colauto's predicted peak and plan, or the error that stopped it.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import datetime
+import gc
 import glob
 import json
 import os
@@ -82,9 +84,12 @@ def prepare(kind: str, model: nn.Module, world: int):
 
 def run(kind: str, args, rank: int, world: int) -> dict:
     torch._dynamo.reset()
+    gc.collect()
     if CUDA:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    # What an earlier configuration in this process still holds is not this one's: subtract it.
+    leftover = torch.cuda.memory_allocated() if CUDA else 0
     name, size = args.model.split(":")
     model, make = build(name, size, device=DEVICE)
     fn, mult = prepare(kind, model, world)
@@ -112,7 +117,7 @@ def run(kind: str, args, rank: int, world: int) -> dict:
             compile_s = time.perf_counter() - compile_start
     timed = sorted(times[args.warmup:])
     median = timed[len(timed) // 2]
-    peak = torch.tensor([torch.cuda.max_memory_allocated() if CUDA else 0], device=DEVICE)
+    peak = torch.tensor([torch.cuda.max_memory_allocated() - leftover if CUDA else 0], device=DEVICE)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     # tokens/s per GPU: the global batch's tokens per step over the GPUs (the same for every config)
     out = {"config": kind, "tokens_per_s_per_gpu": args.batch * args.seq / median, "step_s": median,
