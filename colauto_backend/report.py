@@ -118,6 +118,8 @@ def render_parallel(plan: dict) -> str:
         lines.append(f"{c['mesh']:<24} {c['step_time_s'] * 1e3:>9.3f}ms {c['comm_s'] * 1e3:>9.3f}ms "
                      f"{c['recompute_s'] * 1e3:>9.3f}ms {fmt_bytes(c['memory_bytes']):>12}"
                      + ("" if c["fits"] else "  (does not fit)"))
+    if p.get("replicated_layers"):
+        lines.append(f"replicated on the fsdp axis (the rest sharded): {', '.join(p['replicated_layers'])}")
     tp = plan.get("tp_modules") or {}
     if tp:
         lines.append(f"tensor parallel: {sum(r == 'col' for r in tp.values())} column and "

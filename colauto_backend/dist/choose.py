@@ -34,6 +34,7 @@ import torch
 from .. import planner
 from ..analysis import Analysis
 from ..report import fmt_bytes
+from . import layers
 from .comm import Link
 from .mesh import Axes
 from .plan import ParallelPlan
@@ -87,22 +88,32 @@ class Estimate:
         return self.compute_s + self.comm_s + self.recompute_s + self.optimizer_s
 
 
+def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link) -> tuple[float, float, float, float]:
+    """(bytes stored, bytes used in compute, gather seconds, gradient-reduction seconds) of one parameter
+    on the rank holding the largest shard (torch.chunk's first)."""
+    origin = (0,) * len(plan.axes)
+    elem = p.element_size()
+    here = math.prod(plan.local_shape(fqn, tuple(p.shape), origin)) * elem
+    whole = math.prod(plan.local_shape(fqn, tuple(p.shape), origin, compute=True)) * elem
+    fsdp = next((n for (r, n), pl in zip(plan.axes, plan.storage[fqn]) if r == "fsdp"), 1)
+    sharded = any(r == "fsdp" and pl != "R" for (r, _), pl in zip(plan.axes, plan.storage[fqn]))
+    dp = dict(plan.axes).get("dp", 1)
+    if sharded:   # gathered for use; gradient reduce-scattered over fsdp, then all-reduced over dp
+        return here, whole, link.all_gather(whole, fsdp), link.reduce_scatter(whole, fsdp) + link.all_reduce(
+            whole / fsdp, dp)
+    return here, whole, 0.0, link.all_reduce(whole, fsdp * dp)   # replicated on every data axis
+
+
 def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single,
              link: Link, budget: int | None) -> Estimate:
     sizes = dict(plan.axes)
     n_tp = sizes.get("tp", 1)
     s_act = tp.sharded_fraction + (1 - tp.sharded_fraction) * n_tp
     compute = single.compute_s * (single.matmul_share + (1 - single.matmul_share) * s_act)
-    origin = (0,) * len(plan.axes)               # the first shard is the largest (torch.chunk)
     stored = used = gather = reduce = 0.0
     for fqn, p in params.items():
-        elem = p.element_size()
-        here = math.prod(plan.local_shape(fqn, tuple(p.shape), origin)) * elem
-        whole = math.prod(plan.local_shape(fqn, tuple(p.shape), origin, compute=True)) * elem
-        stored, used = stored + here, used + whole
-        fsdp = next((n for (r, n), pl in zip(plan.axes, plan.storage[fqn]) if r == "fsdp" and pl != "R"), 1)
-        gather += link.all_gather(whole, fsdp)
-        reduce += link.reduce_scatter(whole, fsdp) + link.all_reduce(whole / fsdp, sizes.get("dp", 1))
+        c = param_cost(plan, fqn, p, link)
+        stored, used, gather, reduce = stored + c[0], used + c[1], gather + c[2], reduce + c[3]
     activations = 0.0
     if n_tp > 1:
         activations += sum(2 * link.all_reduce(nbytes(n) * n_tp, n_tp) for n in tp.row_outputs)
@@ -112,13 +123,46 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
     memory = memory_before = state + int(single.transient_bytes * s_act)
     limit = math.inf if budget is None else budget * (1 - planner.HEADROOM)
     recompute, fits = 0.0, memory <= limit
-    if not fits:   # the cheapest frontier point that frees enough; none: the one that frees most
-        enough = np.nonzero(single.freed * s_act >= memory - limit)[0]
-        k = int(enough[np.argmin(single.recompute_s[enough])]) if len(enough) else len(single.freed) - 1
-        recompute = float(single.recompute_s[k]) * (single.matmul_share + (1 - single.matmul_share) * s_act)
-        memory, fits = int(memory - single.freed[k] * s_act), len(enough) > 0
+    if not fits:
+        (recompute, freed), fits = _remat(single, s_act, memory - limit)
+        memory = int(memory - freed)
     optimizer = single.optimizer_s * stored / max(single.param_bytes, 1)
     return Estimate(plan.axes, compute, comm, recompute, optimizer, memory, state, fits, fits and memory_before <= limit)
+
+
+def _remat(single: Single, s_act: float, excess: float) -> tuple[tuple[float, float], bool]:
+    """((recompute seconds, bytes freed), enough?) of the cheapest frontier point that frees `excess`
+    bytes; if none does, the point that frees most."""
+    enough = np.nonzero(single.freed * s_act >= excess)[0]
+    k = int(enough[np.argmin(single.recompute_s[enough])]) if len(enough) else len(single.freed) - 1
+    scale = single.matmul_share + (1 - single.matmul_share) * s_act
+    return (float(single.recompute_s[k]) * scale, float(single.freed[k]) * s_act), len(enough) > 0
+
+
+def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single, link: Link,
+          budget: int | None) -> tuple[ParallelPlan, list[str]]:
+    """Layer by layer, shard on the fsdp axis or replicate (layers.py), costed as `estimate` costs."""
+    if "fsdp" not in dict(plan.axes):
+        return plan, []
+    n_tp = dict(plan.axes).get("tp", 1)
+    s_act = tp.sharded_fraction + (1 - tp.sharded_fraction) * n_tp
+    backward = single.compute_s * (single.matmul_share + (1 - single.matmul_share) * s_act) * single.backward_share
+    everything = layers.replicate(plan, list(params))
+    hidden = sum(param_cost(everything, f, p, link)[3] for f, p in params.items()) <= backward
+
+    def option(pl: ParallelPlan, fqns: list[str]) -> layers.Option:
+        c = np.sum([param_cost(pl, f, params[f], link) for f in fqns], axis=0)
+        return layers.Option(c[0] * (2 + single.optimizer_ratio) + c[1] - c[0], c[2] + (0.0 if hidden else c[3]))
+    unsharded = [f for f, spec in plan.storage.items() if "S" not in "".join(spec)]
+    fixed = single.transient_bytes * s_act + (option(plan, unsharded).state_bytes if unsharded else 0.0)
+    limit = math.inf if budget is None else budget * (1 - planner.HEADROOM)
+
+    def remat(excess: float) -> float | None:
+        if excess <= 0:
+            return 0.0
+        (seconds, _), enough = _remat(single, s_act, excess)
+        return seconds if enough else None
+    return layers.mix(plan, option, fixed, limit, remat)
 
 
 def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: Callable[[int], TPLayout],
@@ -134,8 +178,11 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
         raise ValueError(f"colauto: tp={size} cannot split {layouts[size].indivisible[0]}: set COLAUTO_MESH "
                          "to a tp size that divides every head count, or another role for that axis")
     candidates = usable
-    plans = [plan_for(axes, params, layouts[dict(axes).get("tp", 1)]) for axes in candidates]
-    estimates = [estimate(p, params, layouts[dict(p.axes).get("tp", 1)], single, link, budget) for p in plans]
+    layout = lambda axes: layouts[dict(axes).get("tp", 1)]  # noqa: E731
+    uniform = [plan_for(axes, params, layout(axes)) for axes in candidates]
+    sequential = _sequential([estimate(p, params, layout(p.axes), single, link, budget) for p in uniform])
+    plans, replicated = zip(*(mixed(p, params, layout(p.axes), single, link, budget) for p in uniform))
+    estimates = [estimate(p, params, layout(p.axes), single, link, budget) for p in plans]
     fitting = [i for i, e in enumerate(estimates) if e.fits]
     if not fitting:
         least = min(estimates, key=lambda e: e.memory_bytes)
@@ -144,28 +191,30 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
             f"{fmt_bytes(least.memory_bytes)} ({_mesh(least.axes)}): raise the budget, use more devices or "
             "shrink the batch", int(least.memory_bytes / (1 - planner.HEADROOM)) + 1)
     joint = min(fitting, key=lambda i: estimates[i].time_s)
-    sequential = _sequential(estimates)
     chosen = estimates[joint]
     predicted = {
         "step_time_s": chosen.time_s, "compute_s": chosen.compute_s, "comm_s": chosen.comm_s,
         "recompute_s": chosen.recompute_s, "optimizer_s": chosen.optimizer_s,
         "memory_bytes": chosen.memory_bytes, "state_bytes": chosen.state_bytes, "budget_bytes": budget,
         "link": link.name,
-        "sequential_mesh": None if sequential is None else _mesh(estimates[sequential].axes),
-        "sequential_step_time_s": None if sequential is None else estimates[sequential].time_s,
+        "sequential_mesh": None if sequential is None else _mesh(sequential.axes),
+        "sequential_step_time_s": None if sequential is None else sequential.time_s,
+        "replicated_layers": replicated[joint],
         "candidates": [dict(mesh=_mesh(e.axes), step_time_s=e.time_s, comm_s=e.comm_s, recompute_s=e.recompute_s,
-                            memory_bytes=e.memory_bytes, fits=e.fits) for e in estimates],
+                            memory_bytes=e.memory_bytes, fits=e.fits, replicated_layers=len(r))
+                       for e, r in zip(estimates, replicated)],
         "solve_s": time.perf_counter() - start,
     }
     return dataclasses.replace(plans[joint], predicted=predicted)
 
 
-def _sequential(estimates: list[Estimate]) -> int | None:
-    """Shard first, then rematerialize: the candidate fastest without recomputation among those whose
-    memory fits without it (all of them, if none does), then rematerialized; None if it cannot fit."""
-    pool = [i for i, e in enumerate(estimates) if e.fits_without_remat] or range(len(estimates))
-    best = min(pool, key=lambda i: estimates[i].time_s - estimates[i].recompute_s)
-    return best if estimates[best].fits else None
+def _sequential(estimates: list[Estimate]) -> Estimate | None:
+    """Shard first, then rematerialize: the uniform candidate fastest without recomputation among
+    those whose memory fits without it (all of them, if none does), then rematerialized; None if it
+    cannot fit."""
+    pool = [e for e in estimates if e.fits_without_remat] or estimates
+    best = min(pool, key=lambda e: e.time_s - e.recompute_s)
+    return best if best.fits else None
 
 
 def _mesh(axes: Axes) -> str:

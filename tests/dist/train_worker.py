@@ -1,7 +1,7 @@
 """Run under torchrun: 5 AdamW steps of a tiny model with colauto on every rank, each rank feeding its
 own micro-batch, against single-process eager training on the concatenated global batch (computed on
 every rank). Several runs share one launch; each is MODEL@MESH (MESH as COLAUTO_MESH, "auto" for the
-planner's choice). Writes rank<r>.json: per run the losses, the reference losses, the plan, the local
+planner's choice), optionally @BUDGET@COMM (COLAUTO_MEMORY_BUDGET and COLAUTO_COMM values). Writes rank<r>.json: per run the losses, the reference losses, the plan, the local
 parameter shapes and, with --checkpoint, a torch.distributed.checkpoint round trip.
 
     torchrun --nproc-per-node 2 tests/dist/train_worker.py --out /tmp/r gpt2@dp=2 llama@auto
@@ -38,7 +38,7 @@ def main() -> None:
 
 
 def run(spec: str, args) -> dict:
-    model_name, _, mesh = spec.partition("@")
+    model_name, mesh, *extra = spec.split("@")      # MODEL@MESH[@BUDGET@COMM]
     rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -49,7 +49,8 @@ def run(spec: str, args) -> dict:
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-    compiled = torch.compile(model, backend="colauto", options={"mesh": mesh})
+    options = {"mesh": mesh} | dict(zip(("memory_budget", "comm"), extra))
+    compiled = torch.compile(model, backend="colauto", options=options)
     losses, ref_losses = [], []
     for _ in range(args.steps):
         loss = compiled(xs, ys)
@@ -67,6 +68,7 @@ def run(spec: str, args) -> dict:
     sharded = SHARDED[-1]
     coord = tuple(sharded.mesh.get_coordinate())
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": sharded.plan.to_json(),
+           "replicated_layers": sharded.plan.predicted.get("replicated_layers", []),
            "coord": coord, "grad_fallbacks": sharded.grad_fallbacks,
            "local_shapes": {n: list(p.to_local().shape) for n, p in model.named_parameters()},
            "planned_shapes": {n: list(sharded.plan.local_shape(n, tuple(p.shape), coord))
