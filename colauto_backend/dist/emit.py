@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 import weakref
 
 import torch
@@ -45,7 +46,6 @@ class Sharded:
         self.dparam: dict[int, DTensor] = {}          # id(original tensor) -> its DTensor replacement
         self.grad_fallbacks = 0                        # gradients that arrived in another placement
         self.done = False
-        self.compiled = False                          # a re-traced graph of this module is in use
 
     def shard(self) -> None:
         """Replace the parameters (not from inside the backend: Dynamo checks its guards against the
@@ -97,18 +97,18 @@ class Sharded:
         def move(d: DTensor) -> None:
             g = d.grad
             if tuple(g.placements) != tuple(spec):
-                # The eager first call leaves gradients partial; a compiled graph reduces them itself,
-                # so one reduced here after that is a fallback (counted, reported).
-                self.grad_fallbacks += self.compiled
+                # The compiled graphs reduce gradients themselves (the backward of `redistribute`):
+                # one that arrives unreduced is reduced here, counted, and reported once.
+                self.grad_fallbacks += 1
+                if self.grad_fallbacks == 1:
+                    warnings.warn("colauto: a gradient left the compiled graph unreduced; reducing it "
+                                  "outside the graph (slower); Sharded.grad_fallbacks counts them")
                 g = g.redistribute(self.mesh, spec)
             local = g.to_local()
             o = ref()
             o.grad = local if o.grad is None else o.grad + local
             d.grad = None
         return move
-
-    def compute(self, d: DTensor, fqn: str) -> DTensor:
-        return d.redistribute(self.mesh, placements_of(self.plan.compute[fqn]))
 
     # -- data ---------------------------------------------------------------------------------------
     def to_input(self, x):
@@ -201,11 +201,3 @@ def _use_compute_placements(module: nn.Module, sharded: Sharded) -> None:
         return property(lambda self: self._parameters[name].redistribute(mesh, placements))
     cls = module.__class__
     module.__class__ = type(cls.__name__, (cls,), {n: getter(n, sharded.mesh, pl) for n, pl in specs.items()})
-
-
-def mark_compiled(example_inputs: list) -> None:
-    """A graph over these DTensor parameters is compiled: their gradients are reduced inside it."""
-    for t in example_inputs:
-        owner = _OWNER.get(t) if isinstance(t, DTensor) else None
-        if owner is not None:
-            owner[0].compiled = True

@@ -34,7 +34,6 @@ def active(config: Config) -> bool:
 
 def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_local: Callable) -> Callable:
     if any(isinstance(t, DTensor) for t in example_inputs):      # the re-trace of a sharded module
-        emit.mark_compiled(example_inputs)
         key = (gm.code, tuple(_signature(t) for t in example_inputs))
         if key not in _COMPILED:    # the first call compiled it; the user's recompile traces the same graph
             _COMPILED[key] = compile_local(gm, example_inputs)
