@@ -4,8 +4,8 @@ Every candidate (a mesh shape with a role per axis) gets a per-device prediction
 single-device analysis (the cost model at the rank's micro-batch):
 - compute: matmul time unchanged (tp multiplies the batch by tp and divides the work by tp); other ops
   scale like their activations.
-- activations: a tp axis gathers the batch of its tp group, so an activation tp does not shard grows
-  tp-fold (`TPLayout.sharded_fraction` is the share it does shard).
+- activations: unchanged, except those gathered over tp (column inputs; feature shards a mixing op
+  reads), held tp-fold (`TPLayout.gathered_fraction`).
 - model state: exact local shard sizes of parameters, gradients and optimizer state, plus the
   gathered copies of fsdp-sharded parameters (forward collectives are saved for backward).
 - communication: the alpha-beta model (comm.py) per parameter and per tp activation crossing.
@@ -88,6 +88,12 @@ class Estimate:
         return self.compute_s + self.comm_s + self.recompute_s + self.optimizer_s
 
 
+def act_scale(tp: TPLayout, n_tp: int) -> float:
+    """Activation bytes per device over the single-device graph's: with sequence parallelism only the
+    tensors gathered over tp (column inputs, mixed feature shards) are held tp-fold."""
+    return 1.0 + tp.gathered_fraction * (n_tp - 1)
+
+
 def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link) -> tuple[float, float, float, float]:
     """(bytes stored, bytes used in compute, gather seconds, gradient-reduction seconds) of one parameter
     on the rank holding the largest shard (torch.chunk's first)."""
@@ -106,17 +112,16 @@ def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link) -> tup
 
 def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single,
              link: Link, budget: int | None) -> Estimate:
-    sizes = dict(plan.axes)
-    n_tp = sizes.get("tp", 1)
-    s_act = tp.sharded_fraction + (1 - tp.sharded_fraction) * n_tp
+    n_tp = dict(plan.axes).get("tp", 1)
+    s_act = act_scale(tp, n_tp)
     compute = single.compute_s * (single.matmul_share + (1 - single.matmul_share) * s_act)
     stored = used = gather = reduce = 0.0
     for fqn, p in params.items():
         c = param_cost(plan, fqn, p, link)
         stored, used, gather, reduce = stored + c[0], used + c[1], gather + c[2], reduce + c[3]
     activations = 0.0
-    if n_tp > 1:
-        activations += sum(2 * link.all_reduce(nbytes(n) * n_tp, n_tp) for n in tp.row_outputs)
+    if n_tp > 1:   # gather + reduce-scatter (forward, and the reverse in backward) = one all-reduce each
+        activations += sum(link.all_reduce(nbytes(n) * n_tp, n_tp) for n in tp.row_outputs + tp.col_inputs)
         activations += sum(link.all_gather(nbytes(n) * n_tp, n_tp) for n in tp.gathered)
     comm = gather + activations + max(0.0, reduce - compute * single.backward_share)
     state = int(stored * (2 + single.optimizer_ratio) + (used - stored))
@@ -144,8 +149,7 @@ def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, sin
     """Layer by layer, shard on the fsdp axis or replicate (layers.py), costed as `estimate` costs."""
     if "fsdp" not in dict(plan.axes):
         return plan, []
-    n_tp = dict(plan.axes).get("tp", 1)
-    s_act = tp.sharded_fraction + (1 - tp.sharded_fraction) * n_tp
+    s_act = act_scale(tp, dict(plan.axes).get("tp", 1))
     backward = single.compute_s * (single.matmul_share + (1 - single.matmul_share) * s_act) * single.backward_share
     everything = layers.replicate(plan, list(params))
     hidden = sum(param_cost(everything, f, p, link)[3] for f, p in params.items()) <= backward

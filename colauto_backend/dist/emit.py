@@ -9,7 +9,7 @@ DTensor parameter to the original one.
 
 After sharding, Dynamo sees DTensor parameters and recompiles (colauto compiles the sharded module
 itself for the first call; the user's recompile reuses that compiled graph). Hooks on the root module turn the
-rank's micro-batch into a DTensor (sharded on dim 0 over the whole mesh, gathered over tp) and the
+rank's micro-batch into a DTensor (sharded on dim 0 over the whole mesh) and the
 outputs back into local tensors; reading a parameter gives it in its compute placement (an fsdp axis
 gathered), so the re-traced graph has the gathers in it, and AOTAutograd lowers it to a local graph
 whose collectives include the gradient reductions (the backward of each gather or replicate).
@@ -77,19 +77,20 @@ class Sharded:
             _use_compute_placements(mod, self)
 
     def _pin_tp_activations(self) -> None:
-        """Megatron's activations, whatever DTensor's propagation would pick on its own: a column
-        module reads its input replicated over tp, a row module's output is all-reduced over tp.
-        Plain hooks: Dynamo traces them into the graph."""
-        def on_tp(x):
+        """Megatron's activations with sequence parallelism (along the batch dim), whatever DTensor's
+        propagation would pick on its own: outside the tp regions activations stay sharded over tp
+        like the micro-batches; a column module gathers its input over tp, a row module
+        reduce-scatters its partial output back to batch shards. Plain hooks: Dynamo traces them."""
+        def over_tp(x, placement):
             if not isinstance(x, DTensor):
                 return x
-            return x.redistribute(self.mesh, [Replicate() if r == "tp" else p for r, p in zip(self.roles, x.placements)])
+            return x.redistribute(self.mesh, [placement if r == "tp" else p for r, p in zip(self.roles, x.placements)])
         modules = dict(self.root.named_modules())
         for fqn, role in self.plan.tp_modules.items():
             if role == "col":
-                modules[fqn].register_forward_pre_hook(lambda m, args: (on_tp(args[0]), *args[1:]))
+                modules[fqn].register_forward_pre_hook(lambda m, args: (over_tp(args[0], Replicate()), *args[1:]))
             else:
-                modules[fqn].register_forward_hook(lambda m, args, out: on_tp(out))
+                modules[fqn].register_forward_hook(lambda m, args, out: over_tp(out, Shard(0)))
 
     def _grad_mover(self, original: torch.Tensor, spec: list):
         ref = weakref.ref(original)
@@ -112,15 +113,11 @@ class Sharded:
 
     # -- data ---------------------------------------------------------------------------------------
     def to_input(self, x):
-        """A rank's micro-batch -> the global batch, sharded on dim 0 (gathered over tp)."""
+        """A rank's micro-batch -> the global batch, sharded on dim 0 over the whole mesh."""
         if not isinstance(x, torch.Tensor) or isinstance(x, DTensor):
             return x
-        if x.dim() == 0:
-            return DTensor.from_local(x, self.mesh, [Replicate()] * len(self.roles), run_check=False)
-        d = DTensor.from_local(x, self.mesh, [Shard(0)] * len(self.roles), run_check=False)
-        if "tp" in self.roles:
-            d = d.redistribute(self.mesh, [Replicate() if r == "tp" else Shard(0) for r in self.roles])
-        return d
+        place = Replicate() if x.dim() == 0 else Shard(0)
+        return DTensor.from_local(x, self.mesh, [place] * len(self.roles), run_check=False)
 
     def to_output(self, y):
         """Scalars (a mean loss: the global batch's) replicated; others back to the rank's micro-batch."""

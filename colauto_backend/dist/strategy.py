@@ -1,9 +1,10 @@
 """Placements for each parameter under a mesh of roles, read off the captured (Dynamo) graph.
 
 tp pairs linear layers Megatron-style: a linear whose input is not feature-sharded becomes column
-parallel (weight and bias sharded on the output features), and one whose input is the feature-sharded
-result of a column linear (through ops that keep the last dim apart) becomes row parallel (weight
-sharded on the input features; its output is a partial sum, all-reduced by DTensor at the next use).
+parallel (weight and bias sharded on the output features; its input gathered over tp), and one whose
+input is the feature-sharded result of a column linear (through ops that keep the last dim apart)
+becomes row parallel (weight sharded on the input features; its partial-sum output reduce-scattered
+back to batch shards: sequence parallelism along the batch dim, emit.py).
 A fused projection whose output is split afterwards (GPT-2's qkv) stays replicated: its shards would
 not line up with the split, and DTensor would gather the whole output back. Everything else is
 replicated on the tp axis. DTensor's own sharding rules then place every intermediate; a pairing
@@ -36,9 +37,10 @@ class TPLayout:
     """What tensor parallelism does to one graph: roles of the linear parameters, and the activations
     that cross the tp axis (for the cost model)."""
     roles: dict[str, str]                  # fqn -> "col" | "col_bias" | "row"
-    row_outputs: list[fx.Node]             # partial sums, all-reduced (and their gradients too)
+    row_outputs: list[fx.Node]             # partial sums, reduce-scattered to batch shards
+    col_inputs: list[fx.Node]              # inputs of column linears, gathered over tp (once each)
     gathered: list[fx.Node]                # feature-sharded values a mixing op reads: all-gathered
-    sharded_fraction: float                # share of the graph's activation bytes that tp shards
+    gathered_fraction: float               # share of the graph's activation bytes held tp-fold (gathered)
     indivisible: list[str] = dataclasses.field(default_factory=list)   # weights whose heads tp cannot split
 
 
@@ -51,7 +53,7 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
     param_of = {n: names[i] for i, n in enumerate(placeholders) if i in names}
     roles: dict[str, str] = {}
     sharded: set[fx.Node] = set()
-    rows, gathered, indivisible = [], [], []
+    rows, col_inputs, gathered, indivisible = [], [], [], []
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _LINEAR:
             x, w = n.args[0], n.args[1]
@@ -68,6 +70,8 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
                 roles.setdefault(wname, "col")
             if roles[wname] == "col":
                 sharded.add(n)
+                if x not in col_inputs:
+                    col_inputs.append(x)
                 if bias in param_of:
                     roles[param_of[bias]] = "col_bias"
             else:
@@ -79,8 +83,8 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
             else:
                 sharded.add(n)
     total = sum(nbytes(n) for n in gm.graph.nodes if n.op != "placeholder")
-    part = sum(nbytes(n) for n in sharded)
-    return TPLayout(roles, rows, gathered, part / total if total else 0.0, indivisible)
+    held = sum(nbytes(n) for n in col_inputs + gathered)
+    return TPLayout(roles, rows, col_inputs, gathered, held / total if total else 0.0, indivisible)
 
 
 def nbytes(n: fx.Node) -> int:
