@@ -71,3 +71,23 @@ def test_two_processes_train_like_one(tmp_path):
 
 def test_four_processes_train_like_one(tmp_path):
     check(launch(tmp_path, 4, RUNS_4), RUNS_4, 4)
+
+
+def test_example_script_under_torchrun_trains_like_one_process():
+    """The main example, unchanged, on 2 processes (micro-batch 4 each) prints the same losses as one
+    process on the global batch of 8, and the parallel plan when COLAUTO_REPORT=1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")}
+    script = os.path.join(ROOT, "examples", "train_gpt2.py")
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          str(29700 + os.getpid() % 1000), script, "--batch", "4", "--steps", "3"],
+                         cwd=ROOT, env=env | {"COLAUTO_REPORT": "1"}, capture_output=True, text=True, timeout=900)
+    one = subprocess.run([sys.executable, script, "--batch", "8", "--steps", "3"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert two.returncode == 0 and one.returncode == 0, two.stderr[-3000:] + one.stderr[-3000:]
+
+    def losses(out: str) -> list[float]:   # printed with 4 decimals: equal up to that rounding
+        return [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("step ")]
+    got, want = losses(two.stdout), losses(one.stdout)
+    assert len(want) == 3 and len(got) == 3, (two.stdout, one.stdout)
+    assert all(abs(a - b) <= 1.5e-4 for a, b in zip(got, want)), (got, want)
+    assert "colauto parallel plan" in two.stdout
