@@ -33,6 +33,8 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
             assert len(r["losses"]) == 5
             for got, want in zip(r["losses"], r["ref_losses"]):
                 assert abs(got - want) <= 1e-5, (where, r["losses"], r["ref_losses"])
+            # no_grad calls (the first one, which shards, and evaluation after training) match too
+            assert max(r["no_grad_loss_diffs"]) <= 1e-5 and r["logits_diff"] <= 1e-4, where
             # the forced mesh is the one that ran; every compiled step reduced its gradients in-graph
             mesh = r["run"].split("@")[1]
             if r["run"] in MIXED:

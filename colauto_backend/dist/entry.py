@@ -16,7 +16,7 @@ from . import choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
 SHARDED: list[emit.Sharded] = []          # the modules sharded in this process (for tests and reports)
-_COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, input signature) -> its compiled callable
+_COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, grad mode, inputs) -> its compiled callable
 
 
 def _signature(t) -> tuple:
@@ -34,7 +34,7 @@ def active(config: Config) -> bool:
 
 def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_local: Callable) -> Callable:
     if any(isinstance(t, DTensor) for t in example_inputs):      # the re-trace of a sharded module
-        key = (gm.code, tuple(_signature(t) for t in example_inputs))
+        key = (gm.code, torch.is_grad_enabled(), tuple(_signature(t) for t in example_inputs))
         if key not in _COMPILED:    # the first call compiled it; the user's recompile traces the same graph
             _COMPILED[key] = compile_local(gm, example_inputs)
         return _COMPILED[key]

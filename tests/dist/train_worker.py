@@ -1,6 +1,7 @@
 """Run under torchrun: 5 AdamW steps of a tiny model with colauto on every rank, each rank feeding its
 own micro-batch, against single-process eager training on the concatenated global batch (computed on
-every rank). Several runs share one launch; each is MODEL@MESH (MESH as COLAUTO_MESH, "auto" for the
+every rank); a no_grad call before training (it is the one that shards) and no_grad evaluation
+after it (loss and logits) are compared too. Several runs share one launch; each is MODEL@MESH (MESH as COLAUTO_MESH, "auto" for the
 planner's choice), optionally @BUDGET@COMM (COLAUTO_MEMORY_BUDGET and COLAUTO_COMM values). Writes rank<r>.json: per run the losses, the reference losses, the plan, the local
 parameter shapes and, with --checkpoint, a torch.distributed.checkpoint round trip.
 
@@ -51,6 +52,9 @@ def run(spec: str, args) -> dict:
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     options = {"mesh": mesh} | dict(zip(("memory_budget", "comm"), extra))
     compiled = torch.compile(model, backend="colauto", options=options)
+    with torch.no_grad():          # the first call shards; under no_grad it compiles an inference graph
+        first = compiled(xs, ys).item()
+        ref_first = ref(x, y).item()
     losses, ref_losses = [], []
     for _ in range(args.steps):
         loss = compiled(xs, ys)
@@ -64,11 +68,16 @@ def run(spec: str, args) -> dict:
         ref_opt.zero_grad(set_to_none=True)
         ref_losses.append(r.item())
 
+    with torch.no_grad():          # evaluation after training: the loss, and logits as the rank's part
+        eval_loss, ref_eval_loss = compiled(xs, ys).item(), ref(x, y).item()
+        logits_diff = (compiled(xs) - ref(x).chunk(world)[rank]).abs().max().item()
+
     from colauto_backend.dist.entry import SHARDED
     sharded = SHARDED[-1]
     coord = tuple(sharded.mesh.get_coordinate())
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": sharded.plan.to_json(),
            "replicated_layers": sharded.plan.predicted.get("replicated_layers", []),
+           "no_grad_loss_diffs": [abs(first - ref_first), abs(eval_loss - ref_eval_loss)], "logits_diff": logits_diff,
            "coord": coord, "grad_fallbacks": sharded.grad_fallbacks,
            "local_shapes": {n: list(p.to_local().shape) for n, p in model.named_parameters()},
            "planned_shapes": {n: list(sharded.plan.local_shape(n, tuple(p.shape), coord))
