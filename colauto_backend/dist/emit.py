@@ -4,8 +4,8 @@ The optimizer the script already built holds the original Parameter objects, and
 become a DTensor in place (their slot layouts differ, so `torch.utils.swap_tensors` refuses). So each
 original keeps only its local shard (`.data`), and the module gets a DTensor Parameter whose local
 tensor is that same storage: the optimizer steps the shard, `state_dict()` shows DTensors, and
-`torch.distributed.checkpoint` saves and loads them in place. A hook moves each gradient from the
-DTensor parameter to the original one.
+`torch.distributed.checkpoint` saves and loads them in place. Both hold the same gradient: the
+DTensor parameter's `.grad` and, as its local tensor, the original's.
 
 After sharding, Dynamo sees DTensor parameters and recompiles (colauto compiles the sharded module
 itself for the first call; the user's recompile reuses that compiled graph). Hooks on the root module turn the
@@ -64,7 +64,7 @@ class Sharded:
             p.data = full.to_local()
             d = nn.Parameter(DTensor.from_local(p.data, self.mesh, spec, run_check=False,
                                                 shape=full.shape, stride=full.stride()), p.requires_grad)
-            d.register_post_accumulate_grad_hook(self._grad_mover(p, spec))
+            self._share_grads(p, d, spec)
             self.dparam[id(p)] = d
             _OWNER[d] = (self, fqn)
         for fqn, b in root.named_buffers():
@@ -92,11 +92,21 @@ class Sharded:
             else:
                 modules[fqn].register_forward_hook(lambda m, args, out: over_tp(out, Shard(0)))
 
-    def _grad_mover(self, original: torch.Tensor, spec: list):
+    def _share_grads(self, original: torch.Tensor, d: DTensor, spec: list) -> None:
+        """One gradient, two views: the DTensor parameter's `.grad` (what `model.parameters()` shows, so
+        clip_grad_norm_ and an optimizer built after compiling see it) and the original Parameter's
+        `.grad`, its local tensor (what an optimizer built before compiling steps). Whichever side the
+        script clears (optimizer or module zero_grad), the next backward starts both afresh."""
         ref = weakref.ref(original)
 
-        def move(d: DTensor) -> None:
-            g = d.grad
+        def before_accumulate(grad):
+            o = ref()
+            if d.grad is None or o.grad is None or o.grad.data_ptr() != d.grad.to_local().data_ptr():
+                d.grad, o.grad = None, None
+            return grad
+
+        def after_accumulate(param: DTensor) -> None:
+            g = param.grad
             if tuple(g.placements) != tuple(spec):
                 # The compiled graphs reduce gradients themselves (the backward of `redistribute`):
                 # one that arrives unreduced is reduced here, counted, and reported once.
@@ -104,12 +114,10 @@ class Sharded:
                 if self.grad_fallbacks == 1:
                     warnings.warn("colauto: a gradient left the compiled graph unreduced; reducing it "
                                   "outside the graph (slower); Sharded.grad_fallbacks counts them")
-                g = g.redistribute(self.mesh, spec)
-            local = g.to_local()
-            o = ref()
-            o.grad = local if o.grad is None else o.grad + local
-            d.grad = None
-        return move
+                param.grad = g = g.redistribute(self.mesh, spec)
+            ref().grad = g.to_local()
+        d.register_hook(before_accumulate)
+        d.register_post_accumulate_grad_hook(after_accumulate)
 
     # -- data ---------------------------------------------------------------------------------------
     def to_input(self, x):

@@ -59,7 +59,8 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
                config: Config, world: int) -> ParallelPlan:
     """The plan for one captured graph on `world` devices (no process group needed)."""
     from ..backend import analyze_only   # local import: the backend imports this module
-    analysis = analyze_only(config, gm, example_inputs)
+    with torch.enable_grad():    # plan for training, even when the first call is an evaluation
+        analysis = analyze_only(config, gm, example_inputs)
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
     return choose.choose(mesh.candidates(config.mesh, world), params,

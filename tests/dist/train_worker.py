@@ -19,6 +19,8 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from examples.models import build  # noqa: E402
 
+CLIP = 0.5     # below the gradient norms of these runs, so clipping changes every step
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -55,15 +57,19 @@ def run(spec: str, args) -> dict:
     with torch.no_grad():          # the first call shards; under no_grad it compiles an inference graph
         first = compiled(xs, ys).item()
         ref_first = ref(x, y).item()
-    losses, ref_losses = [], []
+    losses, ref_losses, norms = [], [], []
     for _ in range(args.steps):
         loss = compiled(xs, ys)
         loss.backward()
+        # clipping reads the gradients through model.parameters() (DTensors): the global norm
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         r = ref(x, y)
         r.backward()
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
+        norms.append((float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm), float(ref_norm)))
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
         ref_losses.append(r.item())
@@ -77,7 +83,7 @@ def run(spec: str, args) -> dict:
     coord = tuple(sharded.mesh.get_coordinate())
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": sharded.plan.to_json(),
            "replicated_layers": sharded.plan.predicted.get("replicated_layers", []),
-           "no_grad_loss_diffs": [abs(first - ref_first), abs(eval_loss - ref_eval_loss)], "logits_diff": logits_diff,
+           "grad_norms": norms, "no_grad_loss_diffs": [abs(first - ref_first), abs(eval_loss - ref_eval_loss)], "logits_diff": logits_diff,
            "coord": coord, "grad_fallbacks": sharded.grad_fallbacks,
            "local_shapes": {n: list(p.to_local().shape) for n, p in model.named_parameters()},
            "planned_shapes": {n: list(sharded.plan.local_shape(n, tuple(p.shape), coord))
