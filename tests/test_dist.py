@@ -63,7 +63,7 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
 MIXED = ["gpt2@fsdp=2@2.2MB@nvlink-h100", "llama@fsdp=2@2.2MB@nvlink-h100"]
 RUNS_2 = ["gpt2@dp=2", "gpt2@fsdp=2", "gpt2@tp=2", "gpt2@auto",
           "llama@dp=2", "llama@fsdp=2", "llama@tp=2", "llama@auto", *MIXED]
-RUNS_4 = ["gpt2@fsdp=2,tp=2", "gpt2@dp=2,tp=2", "gpt2@tp=4", "gpt2@dp=4", "gpt2@auto",
+RUNS_4 = ["gpt2@fsdp=2,tp=2", "gpt2@tp=4", "gpt2@auto",
           "llama@fsdp=2,tp=2", "llama@dp=2,fsdp=2", "llama@fsdp=4", "llama@auto"]
 
 
