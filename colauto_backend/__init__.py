@@ -2,10 +2,12 @@
 
     torch.compile(model, backend="colauto")           # found through the torch_dynamo_backends entry point
     colauto_backend.profile(model, *example_inputs)   # the cost model, without running the model
+    colauto_backend.explain(model, *example_inputs, mesh="2x4", device="h100")   # a parallel plan, offline
 """
 from .backend import colauto
 from .config import Config, ConfigError
+from .dist.plan import ParallelPlan
 from .planner import BudgetError, Plan
 from .profile import Profile, explain, profile
 
-__all__ = ["colauto", "profile", "explain", "Profile", "Plan", "Config", "ConfigError", "BudgetError"]
+__all__ = ["colauto", "profile", "explain", "Profile", "Plan", "ParallelPlan", "Config", "ConfigError", "BudgetError"]

@@ -224,3 +224,12 @@ def test_per_layer_mix_beats_every_uniform_plan(gpt2_124m):
     assert {spec[0] for spec in plan.storage.values()} >= {"R", "S0"}
     assert p["step_time_s"] < p["sequential_step_time_s"]
     assert p["memory_bytes"] <= 9 * 2**30
+
+
+def test_mesh_without_torchrun_is_a_clear_error():
+    model, make = build("gpt2", "tiny")
+    compiled = torch.compile(model, backend="colauto", options={"mesh": "2x2"})
+    with pytest.raises(Exception) as err:
+        compiled(*make(2, 16))
+    inner = entry.compat.unwrap_backend_error(err.value)
+    assert isinstance(inner, cfg.ConfigError) and "has 4 devices but the job has 1 ranks" in str(inner)

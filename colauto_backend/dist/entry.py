@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import torch
@@ -10,8 +11,8 @@ import torch.fx as fx
 from torch.distributed.tensor import DTensor
 
 from .. import _torch_compat as compat
-from ..config import Config
 from .. import planner, report
+from ..config import Config
 from . import choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
@@ -29,7 +30,7 @@ def _signature(t) -> tuple:
 
 def active(config: Config) -> bool:
     """Distributed when launched on several ranks, or when COLAUTO_MESH asks for more than one device."""
-    return mesh.world_size() > 1 or (config.mesh is not None and mesh._prod(s for _, s in config.mesh) > 1)
+    return mesh.world_size() > 1 or (config.mesh is not None and math.prod(s for _, s in config.mesh) > 1)
 
 
 def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_local: Callable) -> Callable:
@@ -40,6 +41,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_lo
         return _COMPILED[key]
     if not any(isinstance(t, torch.nn.Parameter) for t in example_inputs):
         return compile_local(gm, example_inputs)                  # no model state: nothing to place
+    mesh.candidates(config.mesh, mesh.world_size())              # a COLAUTO_MESH that cannot fit: say so first
     frame = compat.compiled_frame_locals()
     root, names = _root_module(gm, example_inputs, frame)
     mesh.ensure_process_group()

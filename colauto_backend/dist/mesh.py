@@ -7,6 +7,7 @@ splits the batch: each rank feeds its own micro-batch, as with DDP.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 
 import torch
@@ -29,7 +30,7 @@ def ensure_process_group() -> None:
     if dist.is_initialized():
         return
     if "MASTER_ADDR" not in os.environ:
-        raise RuntimeError("colauto: WORLD_SIZE > 1 but no rendezvous address: launch with torchrun")
+        raise RuntimeError("colauto: several ranks but no rendezvous address (MASTER_ADDR): launch with torchrun")
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl")
@@ -42,8 +43,8 @@ def candidates(spec: tuple[tuple[str | None, int], ...] | None, world: int) -> l
     unset, every factorization of the world size into up to 3 axes of distinct roles."""
     if spec is not None:
         sizes = [s for _, s in spec]
-        if _prod(sizes) != world:
-            raise ConfigError(f"COLAUTO_MESH={'x'.join(map(str, sizes))} has {_prod(sizes)} devices but the job has "
+        if math.prod(sizes) != world:
+            raise ConfigError(f"COLAUTO_MESH={'x'.join(map(str, sizes))} has {math.prod(sizes)} devices but the job has "
                               f"{world} ranks: make the product of the axis sizes equal the world size")
         named = {r for r, _ in spec if r}
         free = [r for r in ROLES if r not in named]
@@ -70,13 +71,6 @@ def _factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
     if parts == 1:
         return [(n,)] if n > 1 else []
     return [(d,) + rest for d in range(2, n + 1) if n % d == 0 for rest in _factorizations(n // d, parts - 1)]
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
 
 
 def device_mesh(axes: Axes):
