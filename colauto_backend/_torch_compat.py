@@ -1,6 +1,7 @@
 """The one place colauto touches private PyTorch APIs (torch 2.11-2.13). A torch upgrade edits this file."""
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import sympy
@@ -143,3 +144,14 @@ def register_cpu_attention_sharding() -> None:
 def example_int(x) -> int:
     """A size as the example had it: ints as they are, a SymInt by its hint (no guard added)."""
     return x if isinstance(x, int) else int(x.node.hint)
+
+
+def module_path(node: torch.fx.Node) -> str | None:
+    """The path under the compiled module of the module whose forward made this Dynamo graph node
+    ("blocks.1.mlp.fc"), from `nn_module_stack`; None where the node has none."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"\[(\d+)\]", r".\1", path)                 # blocks[1] -> blocks.1
+    return re.sub(r"^L\['self'\]\.?|^L__self___?", "", path) or None

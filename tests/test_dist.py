@@ -61,8 +61,11 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
 
 # The @2.2MB@nvlink-h100 runs make the planner mix: some layers replicated on the fsdp axis, others sharded.
 MIXED = ["gpt2@fsdp=2@2.2MB@nvlink-h100", "llama@fsdp=2@2.2MB@nvlink-h100"]
+# +outside: the loss is computed by the script from the returned logits (gradients averaged as by DDP);
+# +frozen: one parameter does not train.
 RUNS_2 = ["gpt2@dp=2", "gpt2@fsdp=2", "gpt2@tp=2", "gpt2@auto",
-          "llama@dp=2", "llama@fsdp=2", "llama@tp=2", "llama@auto", *MIXED]
+          "llama@dp=2", "llama@fsdp=2", "llama@tp=2", "llama@auto", *MIXED,
+          "gpt2+outside+frozen@fsdp=2", "llama+outside@tp=2"]
 RUNS_4 = ["gpt2@fsdp=2,tp=2", "gpt2@tp=4", "gpt2@auto",
           "llama@fsdp=2,tp=2", "llama@dp=2,fsdp=2", "llama@fsdp=4", "llama@auto"]
 

@@ -146,7 +146,9 @@ def _remat(single: Single, s_act: float, excess: float) -> tuple[tuple[float, fl
 
 def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single, link: Link,
           budget: int | None) -> tuple[ParallelPlan, list[str]]:
-    """Layer by layer, shard on the fsdp axis or replicate (layers.py), costed as `estimate` costs."""
+    """Layer by layer, shard on the fsdp axis or replicate (layers.py). Costed as `estimate` costs, except
+    that gradient reductions count as all hidden (if every layer replicated would still hide behind
+    backward) or all exposed: additive per layer, as the DP needs. `estimate` then ranks the result."""
     if "fsdp" not in dict(plan.axes):
         return plan, []
     s_act = act_scale(tp, dict(plan.axes).get("tp", 1))

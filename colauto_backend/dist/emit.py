@@ -64,7 +64,8 @@ class Sharded:
             p.data = full.to_local()
             d = nn.Parameter(DTensor.from_local(p.data, self.mesh, spec, run_check=False,
                                                 shape=full.shape, stride=full.stride()), p.requires_grad)
-            self._share_grads(p, d, spec)
+            if p.requires_grad:
+                self._share_grads(p, d, spec)
             self.dparam[id(p)] = d
             _OWNER[d] = (self, fqn)
         for fqn, b in root.named_buffers():
@@ -128,11 +129,14 @@ class Sharded:
         return DTensor.from_local(x, self.mesh, [place] * len(self.roles), run_check=False)
 
     def to_output(self, y):
-        """Scalars (a mean loss: the global batch's) replicated; others back to the rank's micro-batch."""
+        """Scalars (a mean loss: the global batch's) replicated; others back to the rank's micro-batch,
+        whose gradient is averaged over the ranks as DDP does, so that a mean loss the script computes
+        from them stays the global batch's mean."""
         if not isinstance(y, DTensor):
             return y
-        target = [Replicate() if y.dim() == 0 else Shard(0)] * len(self.roles)
-        return y.redistribute(self.mesh, target).to_local()
+        if y.dim() == 0:
+            return y.redistribute(self.mesh, [Replicate()] * len(self.roles)).to_local()
+        return _RankPart.apply(y.redistribute(self.mesh, [Shard(0)] * len(self.roles)))
 
     # Hooks run eagerly: traced by Dynamo they would become graphs of their own.
     @torch.compiler.disable
@@ -159,6 +163,20 @@ class Sharded:
             out = compiled[0](*pos, **kw)
             return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return run
+
+
+class _RankPart(torch.autograd.Function):
+    """A batch-sharded DTensor -> this rank's local part; backward averages over the ranks."""
+
+    @staticmethod
+    def forward(ctx, y: DTensor) -> torch.Tensor:
+        ctx.spec = (y.device_mesh, y.placements, y.shape, y.stride())
+        return y.to_local()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> DTensor:
+        mesh, placements, shape, stride = ctx.spec
+        return DTensor.from_local(grad / mesh.size(), mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
 class FirstCall:

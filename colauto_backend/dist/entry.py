@@ -22,7 +22,7 @@ _COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, grad mode, inputs)
 
 def _signature(t) -> tuple:
     if isinstance(t, DTensor):
-        return ("dtensor", tuple(t.shape), t.dtype, tuple(t.placements), id(t.device_mesh))
+        return ("dtensor", tuple(t.shape), t.dtype, tuple(t.placements), id(t.device_mesh), t.requires_grad)
     if isinstance(t, torch.Tensor):
         return ("tensor", tuple(t.shape), t.dtype, t.requires_grad)
     return ("value", repr(t))

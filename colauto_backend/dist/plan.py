@@ -3,8 +3,9 @@
 Placements are strings so a plan is JSON and hashable across ranks: "R" replicated, "S0"/"S1" sharded
 on that tensor dim. `storage` is what a rank holds; `compute` is what the graph uses (an fsdp axis
 gathers before use: its gradient is reduce-scattered back to the storage placement). `tp_modules`
-pins the activations of tensor parallelism: a column module's input is replicated over tp (gathered),
-a row module's output too (its partial sums all-reduced), as in Megatron.
+pins the activations of tensor parallelism: a column module's input is gathered over tp, a row
+module's partial-sum output reduce-scattered back to batch shards (Megatron with sequence parallelism,
+along the batch dim).
 """
 from __future__ import annotations
 

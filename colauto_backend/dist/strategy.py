@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from .. import _torch_compat as compat
 from .._torch_compat import example_int
 from .mesh import Axes
 from .plan import ParallelPlan
@@ -37,6 +38,7 @@ class TPLayout:
     """What tensor parallelism does to one graph: roles of the linear parameters, and the activations
     that cross the tp axis (for the cost model)."""
     roles: dict[str, str]                  # fqn -> "col" | "col_bias" | "row"
+    modules: dict[str, str]                # path of the module that calls each linear -> "col" | "row"
     row_outputs: list[fx.Node]             # partial sums, reduce-scattered to batch shards
     col_inputs: list[fx.Node]              # inputs of column linears, gathered over tp (once each)
     gathered: list[fx.Node]                # feature-sharded values a mixing op reads: all-gathered
@@ -54,6 +56,7 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
     roles: dict[str, str] = {}
     sharded: set[fx.Node] = set()
     rows, col_inputs, gathered, indivisible = [], [], [], []
+    calls: dict[str, str] = {}             # module that calls the linear -> "col" | "row"
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _LINEAR:
             x, w = n.args[0], n.args[1]
@@ -61,13 +64,15 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
             wname = param_of.get(w)
             if wname is None or (x not in sharded and _is_split(n)):
                 continue
-            if x not in sharded and _heads(n) % size:
-                indivisible.append(f"{wname} ({_heads(n)} heads)")
+            heads = _heads(n)
+            if x not in sharded and heads is not None and heads % size:
+                indivisible.append(f"{wname} ({heads} heads)")
                 continue
             if x in sharded and roles.get(wname) != "col":
                 roles.setdefault(wname, "row")
             else:
                 roles.setdefault(wname, "col")
+            calls[compat.module_path(n) or wname.rpartition(".")[0]] = roles[wname]
             if roles[wname] == "col":
                 sharded.add(n)
                 if x not in col_inputs:
@@ -84,7 +89,7 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
                 sharded.add(n)
     total = sum(nbytes(n) for n in gm.graph.nodes if n.op != "placeholder")
     held = sum(nbytes(n) for n in col_inputs + gathered)
-    return TPLayout(roles, rows, col_inputs, gathered, held / total if total else 0.0, indivisible)
+    return TPLayout(roles, calls, rows, col_inputs, gathered, held / total if total else 0.0, indivisible)
 
 
 def nbytes(n: fx.Node) -> int:
@@ -93,8 +98,8 @@ def nbytes(n: fx.Node) -> int:
     return math.prod(_shape(v)) * v.element_size() if isinstance(v, torch.Tensor) else 0
 
 
-def _heads(n: fx.Node) -> int:
-    """The leading factor a view splits `n`'s last dim into (its heads); the dim itself if none."""
+def _heads(n: fx.Node) -> int | None:
+    """The leading factor a view splits `n`'s last dim into (its heads); None if no view does."""
     val = n.meta.get("example_value")
     width = _shape(val)[-1] if isinstance(val, torch.Tensor) and val.dim() else 1
     for u in n.users:
@@ -102,7 +107,7 @@ def _heads(n: fx.Node) -> int:
         if (u.op == "call_method" and u.target in ("view", "reshape") and isinstance(out, torch.Tensor)
                 and out.dim() == val.dim() + 1 and _shape(out)[-2] * _shape(out)[-1] == width):
             return _shape(out)[-2]
-    return width
+    return None
 
 
 def _shape(t: torch.Tensor) -> list[int]:
@@ -138,5 +143,4 @@ def placements(axes: Axes, params: dict[str, torch.Tensor], tp: dict[str, str]) 
 def plan_for(axes: Axes, params: dict[str, torch.Tensor], tp: TPLayout) -> ParallelPlan:
     has_tp = any(r == "tp" for r, _ in axes)
     storage, compute = placements(axes, params, tp.roles if has_tp else {})
-    modules = {fqn.rpartition(".")[0]: role for fqn, role in tp.roles.items() if role in ("col", "row")}
-    return ParallelPlan(axes, storage, compute, modules if has_tp else {})
+    return ParallelPlan(axes, storage, compute, dict(tp.modules) if has_tp else {})

@@ -6,6 +6,9 @@ planner's choice), optionally @BUDGET@COMM (COLAUTO_MEMORY_BUDGET and COLAUTO_CO
 parameter shapes and, with --checkpoint, a torch.distributed.checkpoint round trip.
 
     torchrun --nproc-per-node 2 tests/dist/train_worker.py --out /tmp/r gpt2@dp=2 llama@auto
+
+MODEL+outside computes the loss outside the model, from the logits it returns (each rank's part);
+MODEL+frozen freezes one parameter in both models.
 """
 import argparse
 import copy
@@ -41,12 +44,17 @@ def main() -> None:
 
 
 def run(spec: str, args) -> dict:
-    model_name, mesh, *extra = spec.split("@")      # MODEL@MESH[@BUDGET@COMM]
+    model_name, mesh, *extra = spec.split("@")      # MODEL[+outside][+frozen]@MESH[@BUDGET@COMM]
+    model_name, *flags = model_name.split("+")
+    outside = "outside" in flags
     rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
     torch.manual_seed(0)
     model, make = build(model_name, "tiny")
     ref = copy.deepcopy(model)
+    if "frozen" in flags:     # a frozen parameter (the position table), in both models
+        for m in (model, ref):
+            next(p for n, p in m.named_parameters() if "wpe" in n or "norm" in n).requires_grad_(False)
     x, y = make(args.batch * world, args.seq)                  # the global batch, same on every rank
     xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]       # this rank's micro-batch
 
@@ -59,8 +67,16 @@ def run(spec: str, args) -> dict:
         ref_first = ref(x, y).item()
     losses, ref_losses, norms = [], [], []
     for _ in range(args.steps):
-        loss = compiled(xs, ys)
+        if outside:   # the script computes the loss from the model's outputs (the rank's part)
+            logits = compiled(xs)
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), ys.view(-1))
+        else:
+            loss = compiled(xs, ys)
         loss.backward()
+        if outside:   # this rank's mean; the ranks' mean is the global batch's (equal micro-batches)
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            loss /= world
         # clipping reads the gradients through model.parameters() (DTensors): the global norm
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
