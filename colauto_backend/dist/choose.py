@@ -54,6 +54,11 @@ class Single:
     freed: np.ndarray            # activation bytes each frontier point frees, ascending
     recompute_s: np.ndarray      # its recompute seconds
 
+    def scaled(self, seconds: float, s_act: float) -> float:
+        """Seconds of single-device work on a device whose activations are `s_act` times as large:
+        matmul time unchanged, the rest scaled like the activations."""
+        return seconds * (self.matmul_share + (1 - self.matmul_share) * s_act)
+
     @classmethod
     def of(cls, analysis: Analysis) -> "Single":
         ev = analysis.evaluate(analysis.hints)
@@ -114,7 +119,7 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
              link: Link, budget: int | None) -> Estimate:
     n_tp = dict(plan.axes).get("tp", 1)
     s_act = act_scale(tp, n_tp)
-    compute = single.compute_s * (single.matmul_share + (1 - single.matmul_share) * s_act)
+    compute = single.scaled(single.compute_s, s_act)
     stored = used = gather = reduce = 0.0
     for fqn, p in params.items():
         c = param_cost(plan, fqn, p, link)
@@ -140,8 +145,7 @@ def _remat(single: Single, s_act: float, excess: float) -> tuple[tuple[float, fl
     bytes; if none does, the point that frees most."""
     enough = np.nonzero(single.freed * s_act >= excess)[0]
     k = int(enough[np.argmin(single.recompute_s[enough])]) if len(enough) else len(single.freed) - 1
-    scale = single.matmul_share + (1 - single.matmul_share) * s_act
-    return (float(single.recompute_s[k]) * scale, float(single.freed[k]) * s_act), len(enough) > 0
+    return (single.scaled(float(single.recompute_s[k]), s_act), float(single.freed[k]) * s_act), len(enough) > 0
 
 
 def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single, link: Link,
@@ -152,7 +156,7 @@ def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, sin
     if "fsdp" not in dict(plan.axes):
         return plan, []
     s_act = act_scale(tp, dict(plan.axes).get("tp", 1))
-    backward = single.compute_s * (single.matmul_share + (1 - single.matmul_share) * s_act) * single.backward_share
+    backward = single.scaled(single.compute_s, s_act) * single.backward_share
     everything = layers.replicate(plan, list(params))
     hidden = sum(param_cost(everything, f, p, link)[3] for f, p in params.items()) <= backward
 
@@ -186,9 +190,11 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
     candidates = usable
     layout = lambda axes: layouts[dict(axes).get("tp", 1)]  # noqa: E731
     uniform = [plan_for(axes, params, layout(axes)) for axes in candidates]
-    sequential = _sequential([estimate(p, params, layout(p.axes), single, link, budget) for p in uniform])
+    uniform_estimates = [estimate(p, params, layout(p.axes), single, link, budget) for p in uniform]
+    sequential = _sequential(uniform_estimates)
     plans, replicated = zip(*(mixed(p, params, layout(p.axes), single, link, budget) for p in uniform))
-    estimates = [estimate(p, params, layout(p.axes), single, link, budget) for p in plans]
+    estimates = [e if p is u else estimate(p, params, layout(p.axes), single, link, budget)   # unchanged: reuse
+                 for p, u, e in zip(plans, uniform, uniform_estimates)]
     fitting = [i for i, e in enumerate(estimates) if e.fits]
     if not fitting:
         least = min(estimates, key=lambda e: e.memory_bytes)

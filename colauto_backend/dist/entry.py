@@ -41,12 +41,12 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_lo
         return _COMPILED[key]
     if not any(isinstance(t, torch.nn.Parameter) for t in example_inputs):
         return compile_local(gm, example_inputs)                  # no model state: nothing to place
-    mesh.candidates(config.mesh, mesh.world_size())              # a COLAUTO_MESH that cannot fit: say so first
+    candidates = mesh.candidates(config.mesh, mesh.world_size())  # a COLAUTO_MESH that cannot fit: say so first
     frame = compat.compiled_frame_locals()
     root, names = _root_module(gm, example_inputs, frame)
     mesh.ensure_process_group()
     _register_rules()
-    plan = plan_graph(gm, example_inputs, names, dict(root.named_parameters()), config, mesh.world_size())
+    plan = plan_graph(gm, example_inputs, names, dict(root.named_parameters()), config, candidates)
     check_same_plan(plan)
     report.emit_parallel(plan.to_json(), config.report)
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
@@ -58,14 +58,14 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_lo
 
 
 def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], params: dict,
-               config: Config, world: int) -> ParallelPlan:
-    """The plan for one captured graph on `world` devices (no process group needed)."""
+               config: Config, candidates: list) -> ParallelPlan:
+    """The plan for one captured graph among `candidates` meshes (no process group needed)."""
     from ..backend import analyze_only   # local import: the backend imports this module
     with torch.enable_grad():    # plan for training, even when the first call is an evaluation
         analysis = analyze_only(config, gm, example_inputs)
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
-    return choose.choose(mesh.candidates(config.mesh, world), params,
+    return choose.choose(candidates, params,
                          lambda size: strategy.tp_layout(gm, names, size), analysis, link, budget)
 
 
@@ -80,7 +80,8 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
 
     def backend(gm, inputs):
         root, names = _root_module(gm, inputs, compat.compiled_frame_locals())
-        plans.append(plan_graph(gm, inputs, names, dict(root.named_parameters()), config, world))
+        plans.append(plan_graph(gm, inputs, names, dict(root.named_parameters()), config,
+                                mesh.candidates(config.mesh, world)))
         raise _Planned()
     try:
         torch.compile(model, backend=backend, fullgraph=True)(*example_inputs)
