@@ -79,7 +79,9 @@ def prepare(kind: str, model: nn.Module, world: int):
                   for n, r in linear_roles(model).items()}
         parallelize_module(model, mesh, styles)
         return torch.compile(model), world          # every tp rank runs the whole global batch
-    return torch.compile(model, backend="colauto", options={"codegen": "inductor"}), 1
+    # colauto, or colauto@MESH for a forced mesh (COLAUTO_MESH's form without commas, e.g. colauto@tp=4)
+    options = {"codegen": "inductor"} | ({"mesh": kind.split("@", 1)[1]} if "@" in kind else {})
+    return torch.compile(model, backend="colauto", options=options), 1
 
 
 def run(kind: str, args, rank: int, world: int) -> dict:
@@ -123,7 +125,7 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     out = {"config": kind, "tokens_per_s_per_gpu": args.batch * args.seq / median, "step_s": median,
            "steps_s": times, "peak_bytes": int(peak.item()), "compile_first_step_s": compile_s,
            "loss": float(loss.detach().float().item() if not hasattr(loss, "full_tensor") else loss.full_tensor())}
-    if kind == "colauto":
+    if kind.startswith("colauto"):
         from colauto_backend.dist.entry import SHARDED
         plan = SHARDED[-1].plan
         out.update(plan_mesh=plan.mesh_str, predicted=plan.predicted, grad_fallbacks=SHARDED[-1].grad_fallbacks)
@@ -170,6 +172,9 @@ def main() -> None:
         with open(os.path.join(args.out, "summary.md"), "w") as f:
             f.write(summarize(args.out))
         return
+    for kind in args.configs.split(","):
+        if kind not in CONFIGS and not kind.startswith("colauto@"):
+            ap.error(f"--configs: {kind!r} is not one of {', '.join(CONFIGS)} or colauto@MESH (e.g. colauto@tp=4)")
     if CUDA:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if CUDA else "gloo")
@@ -186,7 +191,8 @@ def main() -> None:
                       "trace": traceback.format_exc()[-3000:]}
         if rank == 0:
             tag = args.model.replace(":", "-")
-            with open(os.path.join(args.out, f"{tag}-{world}gpu-{kind}.json"), "w") as f:
+            label = kind.replace("@", "-").replace("=", "")
+            with open(os.path.join(args.out, f"{tag}-{world}gpu-{label}.json"), "w") as f:
                 json.dump(meta | result, f, indent=1, default=str)
             print(json.dumps({k: v for k, v in result.items() if k not in ("steps_s", "trace", "predicted")},
                              default=str), flush=True)

@@ -33,7 +33,7 @@ def measure(sizes: list[int], repeats: int) -> list[tuple[int, float]]:
             dist.all_reduce(x)
         if cuda:
             torch.cuda.synchronize()
-        t = torch.tensor([(time.perf_counter() - start) / repeats])
+        t = torch.tensor([(time.perf_counter() - start) / repeats], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)   # the slowest rank is the collective's time
         out.append((n, float(t)))
     return out

@@ -354,6 +354,9 @@ SIZES = {
     "llama": {
         "tiny": LlamaConfig(vocab_size=512, n_kv_head=2, intermediate=128, max_seq=256, **_TINY),
         "1b": LlamaConfig(),   # TinyLlama-1.1B shape
+        # LLaMA-2 shapes with grouped k/v: too large for DDP on one 80 GB / 141 GB card (16 bytes a parameter)
+        "7b": LlamaConfig(n_layer=32, n_embd=4096, n_kv_head=8, intermediate=11008),
+        "13b": LlamaConfig(n_layer=40, n_embd=5120, n_head=40, n_kv_head=8, intermediate=13824),
     },
     "bert": {"tiny": BertConfig(vocab_size=512, max_pos=256, **_TINY), "base": BertConfig()},
     "vit": {"tiny": ViTConfig(image_size=32, patch=8, n_classes=10, **_TINY), "base": ViTConfig()},

@@ -202,7 +202,9 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
             f"COLAUTO_MEMORY_BUDGET: no mesh fits {fmt_bytes(budget)} per device; the smallest prediction is "
             f"{fmt_bytes(least.memory_bytes)} ({_mesh(least.axes)}): raise the budget, use more devices or "
             "shrink the batch", int(least.memory_bytes / (1 - planner.HEADROOM)) + 1)
-    joint = min(fitting, key=lambda i: estimates[i].time_s)
+    # On a tie (to the microsecond) the mesh with fewer axes wins: a dp=2,fsdp=2 that replicates every
+    # layer is dp=4, but reduces its gradients in two collectives, one per axis.
+    joint = min(fitting, key=lambda i: (round(estimates[i].time_s, 6), len(estimates[i].axes)))
     chosen = estimates[joint]
     predicted = {
         "step_time_s": chosen.time_s, "compute_s": chosen.compute_s, "comm_s": chosen.comm_s,
