@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--model", default="gpt2:124m", help="NAME:SIZE, e.g. gpt2:1.5b, llama:1b")
     ex.add_argument("--batch", type=int, default=8, help="micro-batch per rank")
     ex.add_argument("--seq", type=int, default=1024)
-    ex.add_argument("--mesh", default=None, help="COLAUTO_MESH form: 8, 2x4, fsdp=2,tp=4")
+    ex.add_argument("--mesh", default=None, help="COLAUTO_MESH form: 8, 2x4, fsdp=2,tp=4, or auto with --devices")
+    ex.add_argument("--devices", type=int, default=None, help="with --mesh auto: plan over every mesh of N devices")
     ex.add_argument("--device", default="h100", help="roofline preset: h100, h200, a100, cpu")
     ex.add_argument("--budget", default=None, help="memory per device: 40GiB, 0.5, none")
     ex.add_argument("--comm", default=None, help="interconnect preset or calibration JSON")
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     inputs = tuple(torch.zeros(t.shape, dtype=t.dtype) for t in make(args.batch, args.seq))   # sizes only
     options = {"comm": args.comm} if args.comm else None
     plan = colauto_backend.explain(model, *inputs, budget=args.budget, mesh=args.mesh, device=args.device,
-                                   options=options)
+                                   devices=args.devices, options=options)
     if args.mesh is None:
         print(json.dumps(plan.to_dict(), indent=1) if args.json else _remat_lines(plan))
     else:

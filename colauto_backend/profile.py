@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import time
 from typing import Any
 
@@ -132,14 +133,16 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
 
 
 def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | int | None = None,
-            mesh: str | None = None, device: str | None = None, options: dict | None = None):
+            mesh: str | None = None, device: str | None = None, devices: int | None = None,
+            options: dict | None = None):
     """The plan colauto would run for this model, without running it.
 
     Without `mesh`: the rematerialization Plan under `budget` (bytes, '12GiB', a fraction of device
     memory, or 'none'); raises planner.BudgetError if nothing fits. With `mesh` ("8", "2x4",
-    "fsdp=2,tp=4"): the ParallelPlan for that many devices (mesh, placements, and in `.predicted` the
-    per-device step time, memory and every candidate mesh), planned in this process; `example_inputs`
-    are one rank's micro-batch. `device` names a roofline preset (h100, h200, a100, cpu)."""
+    "fsdp=2,tp=4", or "auto" with `devices`: every factorization of that many devices): the
+    ParallelPlan for that many devices (mesh, placements, and in `.predicted` the per-device step
+    time, memory and every candidate mesh), planned in this process; `example_inputs` are one rank's
+    micro-batch. `device` names a roofline preset (h100, h200, a100, cpu)."""
     options = dict(options or {})
     if budget is not None:
         options["memory_budget"] = budget
@@ -151,7 +154,7 @@ def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | 
     from .dist import entry
     options["mesh"] = mesh
     config = cfg.load(options)
-    world = 1
-    for _, size in config.mesh or ():
-        world *= size
+    if config.mesh is None and devices is None:
+        raise cfg.ConfigError("explain: mesh='auto' needs devices=N (the number of devices to plan for)")
+    world = devices if devices is not None else math.prod(size for _, size in config.mesh)
     return entry.plan_model(model, example_inputs, config, world)
