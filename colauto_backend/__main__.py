@@ -45,8 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     model = model.to_empty(device="cpu")
     inputs = tuple(torch.zeros(t.shape, dtype=t.dtype) for t in make(args.batch, args.seq))   # sizes only
     options = {"comm": args.comm} if args.comm else None
-    plan = colauto_backend.explain(model, *inputs, budget=args.budget, mesh=args.mesh, device=args.device,
-                                   devices=args.devices, options=options)
+    try:
+        plan = colauto_backend.explain(model, *inputs, budget=args.budget, mesh=args.mesh, device=args.device,
+                                       devices=args.devices, options=options)
+    except (colauto_backend.ConfigError, colauto_backend.BudgetError) as exc:
+        sys.exit(f"colauto explain: {exc}")
     if args.mesh is None:
         print(json.dumps(plan.to_dict(), indent=1) if args.json else _remat_lines(plan))
     else:

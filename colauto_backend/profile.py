@@ -155,6 +155,6 @@ def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | 
     options["mesh"] = mesh
     config = cfg.load(options)
     if config.mesh is None and devices is None:
-        raise cfg.ConfigError("explain: mesh='auto' needs devices=N (the number of devices to plan for)")
+        raise cfg.ConfigError("mesh='auto' needs devices=N (the number of devices to plan for)")
     world = devices if devices is not None else math.prod(size for _, size in config.mesh)
     return entry.plan_model(model, example_inputs, config, world)
