@@ -248,3 +248,18 @@ def test_mesh_without_torchrun_is_a_clear_error():
         compiled(*make(2, 16))
     inner = entry.compat.unwrap_backend_error(err.value)
     assert isinstance(inner, cfg.ConfigError) and "has 4 devices but the job has 1 ranks" in str(inner)
+
+
+def test_op_without_a_dtensor_rule_is_named_before_tracing():
+    """The registry adapter (_dtensor_rules.uncovered) finds what DTensor would refuse mid-trace."""
+    class Cdist(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.cdist(self.lin(x), x).mean()
+    with pytest.raises(NotImplementedError) as err:
+        colauto_backend.explain(Cdist(), torch.randn(4, 8), mesh="2", device="h100")
+    assert "aten._cdist_forward.default" in str(err.value) and "register_sharding" in str(err.value)
+    assert "\n" not in str(err.value)

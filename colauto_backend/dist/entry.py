@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 from .. import _torch_compat as compat
 from .. import planner, report
 from ..config import Config
-from . import choose, comm, emit, mesh, strategy
+from . import _dtensor_rules, choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
 SHARDED: list[emit.Sharded] = []          # the modules sharded in this process (for tests and reports)
@@ -45,7 +45,6 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_lo
     frame = compat.compiled_frame_locals()
     root, names = _root_module(gm, example_inputs, frame)
     mesh.ensure_process_group()
-    _register_rules()
     plan = plan_graph(gm, example_inputs, names, dict(root.named_parameters()), config, candidates)
     check_same_plan(plan)
     report.emit_parallel(plan.to_json(), config.report)
@@ -63,6 +62,12 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     from ..backend import analyze_only   # local import: the backend imports this module
     with torch.enable_grad():    # plan for training, even when the first call is an evaluation
         analysis = analyze_only(config, gm, example_inputs)
+    _register_rules()
+    missing = _dtensor_rules.uncovered(analysis.joint)
+    if missing:   # DTensor would fail deep inside the sharded trace: say which op, before anything runs
+        raise NotImplementedError(
+            f"colauto: DTensor has no sharding rule for {', '.join(missing)}, which this model's training step "
+            "runs: register one with torch.distributed.tensor.experimental.register_sharding, or run on one device")
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
     return choose.choose(candidates, params,

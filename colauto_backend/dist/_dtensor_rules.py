@@ -1,0 +1,173 @@
+"""DTensor's own sharding rules, asked before tracing and without data: how DTensor runs an op sharded
+(`rule_kind`), which output placements and input redistributions it would choose (`propagate`), and which
+ops of an aten graph it cannot run sharded (`uncovered`). The one place colauto reads DTensor's private
+sharding-propagation registries (torch 2.11-2.13); a torch upgrade edits this file."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .._torch_compat import example_int
+
+_REGISTRIES = ("op_to_rules", "op_strategy_funcs", "op_single_dim_strategy_funcs")
+
+
+@functools.cache
+def _dtensor() -> SimpleNamespace:
+    """DTensor's dispatcher and propagator; a missing private API is a one-line error naming it."""
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor, Replicate
+        from torch.distributed.tensor._decompositions import DecompShardingStrategy
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+        dispatcher = DTensor._op_dispatcher
+        prop = dispatcher.sharding_propagator
+        for name in _REGISTRIES + ("propagate_op_sharding_non_cached",):
+            getattr(prop, name)
+        for name in ("_custom_op_handlers", "unwrap_to_op_info"):
+            getattr(dispatcher, name)
+        DecompShardingStrategy.has_decomp
+    except (ImportError, AttributeError) as e:
+        raise RuntimeError(f"colauto: torch {torch.__version__} lacks a DTensor sharding-propagation API colauto "
+                           f"reads ({e}): adapt colauto_backend/dist/_dtensor_rules.py to it") from None
+    return SimpleNamespace(DTensor=DTensor, Spec=DTensorSpec, Mesh=DeviceMesh, Replicate=Replicate,
+                           dispatcher=dispatcher, prop=prop, has_decomp=DecompShardingStrategy.has_decomp)
+
+
+def _is_cia(op: torch._ops.OpOverload) -> bool:
+    """CompositeImplicitAutograd: the dispatcher decomposes it before DTensor sees it (the check DTensor's
+    own dispatcher makes)."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+    except RuntimeError:        # Python-only overloads (aten.__and__.bool) have no dispatcher entry
+        return False
+
+
+def rule_kind(op: torch._ops.OpOverload) -> str | None:
+    """How DTensor runs `op` on sharded inputs, in its dispatcher's order: "handler" (a hand-written
+    dispatcher case, e.g. convolution; `propagate` refuses these), "strategy" (op_strategy_funcs /
+    op_single_dim_strategy_funcs), "custom" (register_sharding), "rule" (op_to_rules), "composite implicit"
+    (decomposed before DTensor sees it), "decomposition" (DTensor traces its decomposition), or None:
+    DTensor cannot run it sharded."""
+    d = _dtensor()
+    if op in d.dispatcher._custom_op_handlers:
+        return "handler"
+    if op in d.prop.op_single_dim_strategy_funcs:
+        return "strategy"
+    fn = d.prop.op_strategy_funcs.get(op)
+    if fn is not None:
+        # register_sharding stores partial(custom_strategy, user_fn), custom_strategy being its local function
+        is_custom = isinstance(fn, functools.partial) and fn.func.__qualname__.startswith("register_sharding.")
+        return "custom" if is_custom else "strategy"
+    if op in d.prop.op_to_rules:
+        return "rule"
+    if _is_cia(op):
+        return "composite implicit"
+    try:
+        return "decomposition" if d.has_decomp(op) else None
+    except RuntimeError:
+        return None
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """What DTensor would do. `out`: each output's placements (None: not a tensor); `redistribute`:
+    (tensor input index, from placements, to placements) for each input it would redistribute first."""
+    out: tuple[tuple | None, ...]
+    redistribute: tuple[tuple[int, tuple, tuple], ...]
+
+
+def propagate(op: torch._ops.OpOverload, args, kwargs, placements, mesh) -> Sharding:
+    """DTensor's choice for `op(*args, **kwargs)`. The tensors in args/kwargs (meta, fake or real; only their
+    shapes, strides and dtypes are read) get `placements[i]` (one Placement per mesh dim), in pytree order of
+    (args, kwargs). No communication: any mesh works, one of a fake process group included. This is DTensor's
+    decision; whether it can run each redistribution is not checked (torch 2.11 cannot run Shard -> Partial)."""
+    d = _dtensor()
+    handler = d.dispatcher._custom_op_handlers.get(op)
+    if handler is not None:     # e.g. convolution's runs the op locally without the propagator's redistributions
+        raise NotImplementedError(f"colauto: DTensor runs {op} through its own handler {handler.__name__}, not its "
+                                  "sharding propagation: its placements cannot be predicted")
+    kwargs = dict(kwargs or {})
+    n = sum(isinstance(t, torch.Tensor) for t in pytree.tree_leaves((args, kwargs)))
+    if len(placements) != n:
+        raise ValueError(f"colauto: {op} has {n} tensor arguments but {len(placements)} placements were given: "
+                         "give one per tensor, in argument order")
+    given = iter(placements)
+
+    def as_dtensor(t: torch.Tensor):
+        # a meta local of the global size: propagation reads only the global shape/stride/dtype in the spec
+        shape, stride = torch.Size(_hint(op, s) for s in t.shape), tuple(_hint(op, s) for s in t.stride())
+        local = torch.empty_strided(shape, stride, dtype=t.dtype, device="meta")
+        return d.DTensor.from_local(local, mesh, tuple(next(given)), run_check=False, shape=shape, stride=stride)
+
+    args, kwargs = pytree.tree_map_only(torch.Tensor, as_dtensor, (tuple(args), kwargs))
+    info = d.dispatcher.unwrap_to_op_info(op, args, kwargs)     # DTensor's own OpSchema for this call
+    try:
+        # uncached: planner queries should not fill DTensor's runtime cache
+        sharding = d.prop.propagate_op_sharding_non_cached(info.schema)
+    except NotImplementedError as e:
+        raise NotImplementedError(f"colauto: DTensor cannot propagate {op} (rule kind: {rule_kind(op)}): "
+                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    spec = sharding.output_spec
+    outs = spec if isinstance(spec, (tuple, list)) else (spec,)
+    redistribute = ()
+    if sharding.needs_redistribute and sharding.redistribute_schema is not None:
+        before, after = _specs(d, info.schema), _specs(d, sharding.redistribute_schema)
+        if len(before) != len(after):
+            raise RuntimeError(f"colauto: DTensor's redistribution for {op} names {len(after)} tensors, the call "
+                               f"has {len(before)}: adapt colauto_backend/dist/_dtensor_rules.py")
+        redistribute = tuple((i, tuple(a.placements), tuple(b.placements))
+                             for i, (a, b) in enumerate(zip(before, after)) if a.placements != b.placements)
+    return Sharding(tuple(None if s is None else tuple(s.placements) for s in outs), redistribute)
+
+
+def _hint(op, size) -> int:
+    """A size's example value. Symbolic sizes (a dynamic graph's fake values) are answered at their hints
+    without guarding: DTensor's decomposition trace fails inside the graph's fake mode (prim::device)."""
+    try:
+        return example_int(size)
+    except TypeError:           # an unbacked size has no hint
+        raise ValueError(f"colauto: {op} has a size {size} with no example value (data-dependent): "
+                         "DTensor's rules cannot be asked before it is known") from None
+
+
+def _specs(d: SimpleNamespace, schema) -> list:
+    return [s for s in pytree.tree_leaves((schema.args_schema, schema.kwargs_schema)) if isinstance(s, d.Spec)]
+
+
+def uncovered(gm: torch.fx.GraphModule) -> list[str]:
+    """The ops of an aten graph that DTensor cannot run sharded, each named once, in graph order. Ops with
+    no tensor input run as plain tensor ops and are skipped. An op DTensor handles by tracing its
+    decomposition counts only if that trace succeeds on the node's example values (replicated)."""
+    missing: list[str] = []
+    for node in gm.graph.nodes:
+        op = node.target
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or str(op) in missing:
+            continue
+        inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
+        if not any("val" not in a.meta or isinstance(a.meta["val"], torch.Tensor) for a in inputs):
+            continue
+        kind = rule_kind(op)
+        if kind is None or (kind == "decomposition" and not _decomposes(op, node)):
+            missing.append(str(op))
+    return missing
+
+
+def _decomposes(op: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
+    """Whether DTensor's decomposition trace covers `op`: one replicated propagation on a one-device mesh
+    that needs no process group (the mesh DTensor's own decomposition trace uses)."""
+    if any("val" not in a.meta for a in node.all_input_nodes):
+        return True                                  # no example values: trust the registry
+    args, kwargs = pytree.tree_map_only(torch.fx.Node, lambda a: a.meta["val"], (node.args, node.kwargs))
+    d = _dtensor()
+    mesh = d.Mesh("cpu", [0], _init_backend=False, _rank=0)
+    n = sum(isinstance(t, torch.Tensor) for t in pytree.tree_leaves((args, kwargs)))
+    try:
+        propagate(op, args, kwargs, [(d.Replicate(),)] * n, mesh)
+    except NotImplementedError:
+        return False
+    return True

@@ -1,0 +1,288 @@
+"""The adapter over DTensor's sharding registries (colauto_backend/dist/_dtensor_rules.py), checked against
+DTensor itself at runtime: each op runs on DTensors of a fake 4-rank process group (meta local tensors, so
+no values and no real communication), and the output placements and the redistributions DTensor records
+(DebugMode) must equal what `propagate` predicts; ops `uncovered` names must be the ones that raise."""
+import itertools
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+from colauto_backend.dist import _dtensor_rules as rules
+
+aten = torch.ops.aten
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def meshes():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+    if dist.get_world_size() != WORLD:
+        pytest.skip(f"a process group of {dist.get_world_size()} ranks is already running; these tests need {WORLD}")
+    yield {"1d": init_device_mesh("cpu", (WORLD,)), "2d": init_device_mesh("cpu", (2, 2))}
+    if started:
+        dist.destroy_process_group()
+
+
+def T(*shape, dtype=torch.float32):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def I(*shape):
+    return T(*shape, dtype=torch.long)
+
+
+# (op, args, kwargs): ops of transformer training graphs; every dim divisible by the mesh sizes
+CASES = [
+    (aten.mm.default, (T(16, 8), T(8, 12)), {}),
+    (aten.addmm.default, (T(12), T(16, 8), T(8, 12)), {}),
+    (aten.bmm.default, (T(4, 16, 8), T(4, 8, 12)), {}),
+    (aten.add.Tensor, (T(4, 16, 8), T(4, 16, 8)), {}),
+    (aten.add.Tensor, (T(16, 8), T(8)), {}),
+    (aten.mul.Tensor, (T(4, 16, 8), T(4, 16, 8)), {}),
+    (aten.view.default, (T(4, 16, 8), [64, 8]), {}),
+    (aten._unsafe_view.default, (T(4, 16, 8), [4, 128]), {}),
+    (aten.transpose.int, (T(4, 16, 8), 1, 2), {}),
+    (aten.t.default, (T(16, 8),), {}),
+    (aten.expand.default, (T(16, 1), [16, 8]), {}),
+    (aten.slice.Tensor, (T(16, 8), 1, 0, 4), {}),
+    (aten.split.Tensor, (T(16, 24), 8, 1), {}),
+    (aten.cat.default, ([T(16, 8), T(16, 8)], 1), {}),
+    (aten._to_copy.default, (T(16, 8),), {"dtype": torch.bfloat16}),
+    (aten.gelu.default, (T(16, 8),), {}),
+    (aten.rsqrt.default, (T(16, 8),), {}),
+    (aten._softmax.default, (T(4, 16, 8), -1, False), {}),
+    (aten._softmax_backward_data.default, (T(4, 16, 8), T(4, 16, 8), -1, torch.float32), {}),
+    (aten.native_layer_norm.default, (T(4, 16, 8), [8], T(8), T(8), 1e-5), {}),
+    (aten.native_layer_norm_backward.default,
+     (T(4, 16, 8), T(4, 16, 8), [8], T(4, 16, 1), T(4, 16, 1), T(8), T(8), [True, True, True]), {}),
+    (aten.embedding.default, (T(32, 8), I(4, 16)), {}),
+    (aten.index_select.default, (T(16, 8), 0, I(4)), {}),
+    (aten.embedding_dense_backward.default, (T(4, 16, 8), I(4, 16), 32, -1, False), {}),
+    (aten.sum.dim_IntList, (T(4, 16, 8), [0, 1]), {}),
+    (aten.mean.dim, (T(4, 16, 8), [-1], True), {}),
+    (aten.var_mean.correction, (T(4, 16, 8), [-1]), {"correction": 0, "keepdim": True}),
+    (aten.nll_loss_forward.default, (T(16, 32), I(16), None, 1, -100), {}),
+    (aten.mse_loss.default, (T(16, 8), T(16, 8), 1), {}),            # DTensor 2.13 traces its decomposition
+    (aten._scaled_dot_product_efficient_attention.default, (T(4, 8, 16, 8), T(4, 8, 16, 8), T(4, 8, 16, 8), None, True),
+     {"is_causal": True}),
+    (aten._scaled_dot_product_flash_attention.default, (T(4, 8, 16, 8), T(4, 8, 16, 8), T(4, 8, 16, 8), 0.0, True), {}),
+]
+
+
+def candidates(t: torch.Tensor) -> list:
+    """Placements one mesh dim may give a tensor: replicated, sharded on its first or last dim where that
+    divides evenly, or partial (float only: a partial sum of indices means nothing)."""
+    out = [Replicate()] + [Shard(d) for d in sorted({0, t.dim() - 1}) if t.dim() > 0 and t.shape[d] % WORLD == 0]
+    return out + [Partial()] if t.dtype.is_floating_point else out
+
+
+def combos(args, kwargs, mesh_ndim: int, seed: str, n: int = 6) -> list:
+    """Up to n placement combinations for the call's tensors (pytree order), sampled with a fixed seed."""
+    tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    per_tensor = [list(itertools.product(candidates(t), repeat=mesh_ndim)) for t in tensors]
+    every = list(itertools.product(*per_tensor))
+    return random.Random(seed).sample(every, min(n, len(every)))
+
+
+def on_mesh(args, kwargs, placements, mesh):
+    """The call's tensors as DTensors with the given placements: meta local shards of the right size."""
+    given = iter(placements)
+
+    def wrap(t):
+        pl = next(given)
+        local = list(t.shape)
+        for size, p in zip(mesh.shape, pl):
+            if isinstance(p, Shard):
+                local[p.dim] //= size
+        return DTensor.from_local(torch.empty(local, dtype=t.dtype, device="meta"), mesh, pl, run_check=False,
+                                  shape=t.shape, stride=t.stride())
+    return torch.utils._pytree.tree_map_only(torch.Tensor, wrap, (args, kwargs))
+
+
+def run_on_dtensors(op, args, kwargs, placements, mesh):
+    """What DTensor does at runtime: output placements, and the redistributions it records as
+    (tensor input index, from, to). The recorded source spec is the input DTensor's own spec object."""
+    outs, redistributed, error = attempt_on_dtensors(op, args, kwargs, placements, mesh)
+    if error is not None:
+        raise error
+    return outs, redistributed
+
+
+def attempt_on_dtensors(op, args, kwargs, placements, mesh):
+    """As run_on_dtensors, but an error comes back (outputs None) with the redistributions DTensor had
+    decided and started before it (DebugMode records each one before running it); an error before any
+    decision (propagation refused) comes back as NotImplementedError."""
+    from torch.utils._debug_mode import DebugMode
+    dargs, dkwargs = on_mesh(args, kwargs, placements, mesh)
+    inputs = [t for t in torch.utils._pytree.tree_leaves((dargs, dkwargs)) if isinstance(t, DTensor)]
+    result, error = None, None
+    with DebugMode() as dm:
+        try:
+            result = op(*dargs, **dkwargs)
+        except (NotImplementedError, RuntimeError) as e:
+            error = e
+    redistributed = []
+    for call in dm.operators:
+        if type(call).__name__ == "_RedistributeCall" and call.is_outer_call:
+            index = [i for i, t in enumerate(inputs) if t._spec is call.src_placement]
+            assert len(index) == 1, f"{op}: cannot tell which input DTensor redistributed"
+            redistributed.append((index[0], tuple(call.src_placement.placements), tuple(call.dst_placement.placements)))
+    if error is not None:   # failed after deciding (DebugMode logs the decided output placements) or before
+        decided = any(type(call).__name__ == "_OutputPlacementCall" for call in dm.operators)
+        return None, tuple(sorted(redistributed)), error if decided else NotImplementedError(str(error))
+    outs = result if isinstance(result, (tuple, list)) else (result,)
+    outs = tuple(tuple(o.placements) if isinstance(o, DTensor) else None for o in outs)
+    return outs, tuple(sorted(redistributed)), None
+
+
+def same(a, b) -> bool:
+    """Equal placements. By repr: embedding's _MaskPartial carries a per-call mask buffer that makes two
+    equal placements compare unequal."""
+    return repr(a) == repr(b)
+
+
+@pytest.mark.parametrize("mesh_name", ["1d", "2d"])
+@pytest.mark.parametrize("op,args,kwargs", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_propagate_matches_dtensor_at_runtime(meshes, mesh_name, op, args, kwargs):
+    """Where DTensor runs the op: the same output placements and redistributions. Where it fails after
+    deciding (torch 2.11 cannot run Shard -> Partial; a local kernel may reject the shards): the same
+    redistributions up to the failure. Where its propagation refuses: propagate refuses too."""
+    mesh = meshes[mesh_name]
+    decided = 0
+    for placements in combos(args, kwargs, mesh.ndim, seed=f"{op}-{mesh_name}"):
+        outs, redistributed, error = attempt_on_dtensors(op, args, kwargs, placements, mesh)
+        try:
+            got = rules.propagate(op, args, kwargs, placements, mesh)
+        except (NotImplementedError, RuntimeError):
+            assert isinstance(error, NotImplementedError), f"{op} with inputs {placements}: DTensor decided it"
+            continue
+        assert not isinstance(error, NotImplementedError), f"{op} with inputs {placements}: DTensor refused: {error}"
+        predicted = tuple(sorted(got.redistribute))
+        if error is None:
+            assert same((got.out, predicted), (outs, redistributed)), f"{op} with inputs {placements}"
+        else:   # inputs are redistributed in order: those before the failure
+            assert same(predicted[:len(redistributed)], redistributed), f"{op} with inputs {placements}: {error}"
+        decided += 1
+    # DTensor 2.11 traces var_mean's decomposition and fails for every placement: nothing to compare
+    assert decided or rules.rule_kind(op) == "decomposition", f"{op}: DTensor decided none of the sampled placements"
+    assert rules.rule_kind(op) is not None
+
+
+def test_propagate_reports_redistribution_and_partial(meshes):
+    """A fixed case whose answer follows from the meaning of the placements, not from DTensor's code:
+    x @ w with x sharded on its inner dim needs w's rows sharded alike and leaves partial sums."""
+    got = rules.propagate(aten.mm.default, (T(16, 8), T(8, 12)), {}, [(Shard(1),), (Replicate(),)], meshes["1d"])
+    assert got.out == ((Partial(),),)
+    assert got.redistribute == ((1, (Replicate(),), (Shard(0),)),)
+
+
+def test_rule_kind_of_known_ops():
+    assert rules.rule_kind(aten.mm.default) == "strategy"
+    assert rules.rule_kind(aten.convolution.default) == "handler"        # DTensor's hand-written tp conv
+    assert rules.rule_kind(aten.linear.default) == "composite implicit"  # becomes t + addmm before DTensor
+    assert rules.rule_kind(aten._cdist_forward.default) is None
+
+
+def test_custom_rule_from_register_sharding(meshes):
+    """An op of this test's own, given a rule through register_sharding: the kind is "custom", and
+    propagation follows the registered rule (sharded on dim 0 or replicated) as DTensor does at runtime."""
+    from torch.distributed.tensor.experimental import register_sharding
+
+    @torch.library.custom_op("colauto_test::double", mutates_args=())
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    double.register_fake(lambda x: torch.empty_like(x))
+    op = torch.ops.colauto_test.double.default
+    assert rules.rule_kind(op) is None
+
+    @register_sharding(op)
+    def _rule(x):
+        return [([Replicate()], [Replicate()]), ([Shard(0)], [Shard(0)])]
+
+    assert rules.rule_kind(op) == "custom"
+    for pl in [(Shard(1),), (Shard(0),), (Replicate(),)]:
+        got = rules.propagate(op, (T(16, 8),), {}, [pl], meshes["1d"])
+        assert (got.out, got.redistribute) == run_on_dtensors(op, (T(16, 8),), {}, [pl], meshes["1d"])
+
+
+def test_op_without_rule_raises_in_dtensor_and_in_propagate(meshes):
+    x = T(16, 8)
+    with pytest.raises(NotImplementedError):
+        run_on_dtensors(aten._cdist_forward.default, (x, x, 2.0, None), {}, [(Replicate(),)] * 2, meshes["1d"])
+    with pytest.raises(NotImplementedError, match="_cdist_forward"):
+        rules.propagate(aten._cdist_forward.default, (x, x, 2.0, None), {}, [(Replicate(),)] * 2, meshes["1d"])
+
+
+def test_handler_ops_are_not_predicted(meshes):
+    """DTensor's convolution handler (torch 2.11, 2.13) computes on the inputs as given, ignoring the
+    redistribution its propagator asks for (a partial weight stays partial): propagate must refuse, not guess."""
+    conv = (T(4, 4, 8, 8), T(8, 4, 3, 3), T(8), [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    placements = [(Shard(0),), (Partial(),), (Replicate(),)]
+    with pytest.raises(NotImplementedError, match="convolution"):
+        rules.propagate(aten.convolution.default, conv, {}, placements, meshes["1d"])
+
+
+def test_wrong_placement_count_is_one_line(meshes):
+    with pytest.raises(ValueError) as err:
+        rules.propagate(aten.mm.default, (T(16, 8), T(8, 12)), {}, [(Replicate(),)], meshes["1d"])
+    assert "\n" not in str(err.value) and "2 tensor arguments but 1 placements" in str(err.value)
+
+
+def test_missing_private_api_is_one_line(monkeypatch):
+    prop = DTensor._op_dispatcher.sharding_propagator
+    monkeypatch.delattr(prop, "op_strategy_funcs")
+    rules._dtensor.cache_clear()
+    try:
+        with pytest.raises(RuntimeError) as err:
+            rules.rule_kind(aten.mm.default)
+    finally:
+        monkeypatch.undo()
+        rules._dtensor.cache_clear()
+    msg = str(err.value)
+    assert "\n" not in msg and "op_strategy_funcs" in msg and "_dtensor_rules.py" in msg
+
+
+def test_uncovered_names_the_ops_dtensor_refuses(meshes):
+    """A traced block with ops DTensor shards directly, one it may reach by decomposition (mse_loss), and
+    two it cannot run (cdist; CPU flash attention, unless colauto registered its rule in this process). Reference: each
+    op run on replicated DTensors; those that raise NotImplementedError are the uncovered ones."""
+    from torch.fx.experimental import _config as fx_config
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def block(x, w, b):
+        h = torch.nn.functional.layer_norm(torch.addmm(b, x, w), (8,))
+        q = h.view(2, 2, 2, 8)
+        att = aten._scaled_dot_product_flash_attention_for_cpu.default(q, q, q, 0.0, True)[0]
+        loss = torch.nn.functional.mse_loss(h, torch.nn.functional.gelu(h))
+        return torch.cdist(h, h).sum() + att.sum() + loss
+
+    gm = make_fx(block, tracing_mode="fake")(torch.randn(8, 8), torch.randn(8, 8), torch.randn(8))
+    want = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or str(node.target) in want:
+            continue
+        args, kwargs = torch.utils._pytree.tree_map_only(torch.fx.Node, lambda a: a.meta["val"],
+                                                         (node.args, node.kwargs))
+        n = sum(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves((args, kwargs)))
+        if n == 0:
+            continue
+        try:
+            run_on_dtensors(node.target, args, kwargs, [(Replicate(),)] * n, meshes["1d"])
+        except NotImplementedError:
+            want.append(str(node.target))
+    assert "aten._cdist_forward.default" in want
+    assert rules.uncovered(gm) == want
+    # a dynamic-shape trace of the same block (sizes are symbols, answered at their example values)
+    with fx_config.patch(use_duck_shape=False):
+        dynamic = make_fx(block, tracing_mode="symbolic")(torch.randn(8, 8), torch.randn(8, 8), torch.randn(8))
+    assert any(isinstance(s, torch.SymInt) for n in dynamic.graph.nodes if n.op == "placeholder"
+               for s in n.meta["val"].shape)
+    assert rules.uncovered(dynamic) == want

@@ -1,0 +1,90 @@
+"""The one place triton_kernels touches Triton and private PyTorch APIs (Triton 3.6-3.9, torch 2.11-2.13).
+
+Triton is imported lazily, so importing the package costs nothing where Triton is absent.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import torch
+import torch.fx as fx
+
+
+class Availability(NamedTuple):
+    ok: bool
+    reason: str       # why not, or how kernels run ("compiled for CUDA" / "Triton interpreter")
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@functools.cache
+def _load() -> tuple[ModuleType | None, Availability]:
+    # Without a GPU, Triton kernels can only run in its interpreter. Triton reads TRITON_INTERPRET when
+    # @triton.jit decorates a function (3.4+; earlier releases at import), so it is set before both.
+    # A user's explicit TRITON_INTERPRET wins.
+    if not torch.cuda.is_available():
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            # triton.language's own @jit helpers were built compiled: the interpreter cannot call them
+            return None, Availability(False, "no CUDA device, and Triton was imported before TRITON_INTERPRET=1 "
+                                             "was set: set it before starting Python")
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        import triton
+    except ImportError as e:
+        return None, Availability(False, f"triton is not importable ({e})")
+    if triton.knobs.runtime.interpret:
+        return triton, Availability(True, "Triton interpreter (TRITON_INTERPRET=1)")
+    if not torch.cuda.is_available():
+        return None, Availability(False, "no CUDA device and TRITON_INTERPRET is not 1")
+    return triton, Availability(True, "compiled for CUDA")
+
+
+def availability() -> Availability:
+    return _load()[1]
+
+
+def interpreting() -> bool:
+    triton, ok = _load()
+    return bool(ok) and triton.knobs.runtime.interpret
+
+
+def version() -> str:
+    triton, ok = _load()
+    return triton.__version__ if ok else "none"
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import a generated kernel file. @triton.jit reads the function's source back from the file."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module       # Triton resolves a kernel's globals through its module
+    spec.loader.exec_module(module)
+    return module
+
+
+def op_name(target) -> str:
+    """`aten.add.Tensor` for an aten overload, else the callable's name."""
+    return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", repr(target))
+
+
+def fake_values(graph: fx.Graph, inputs: list[torch.Tensor]) -> dict[fx.Node, Any]:
+    """Each node's output as a fake tensor (shape, strides, dtype, device) for these inputs. Fake, not
+    meta, tensors: some ops' output dtypes depend on the device (LayerNorm's mean on CPU vs CUDA)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode()
+    fakes = iter([mode.from_tensor(t) for t in inputs])
+    env: dict[fx.Node, Any] = {}
+    with mode:
+        for n in graph.nodes:
+            if n.op == "placeholder":
+                env[n] = next(fakes)
+            elif n.op == "call_function":
+                env[n] = n.target(*fx.map_arg(n.args, env.__getitem__), **fx.map_arg(n.kwargs, env.__getitem__))
+    return env

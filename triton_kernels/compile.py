@@ -1,0 +1,64 @@
+"""compile_region: an FX graph of fusible aten ops -> one generated Triton kernel behind a callable."""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from . import _triton, cache, pointwise, rowwise
+from .ir import NotFusible
+from .launch import Launch
+from .region import analyse
+from .tuning import Tuning
+
+
+def available() -> _triton.Availability:
+    """Whether generated kernels can run here; falsy with the reason when not (callers then use aten)."""
+    return _triton.availability()
+
+
+def compile_region(graph: fx.Graph | fx.GraphModule, example_inputs, *, tuning: Tuning = Tuning()) -> "FusedRegion":
+    """The region's kernel for inputs like `example_inputs`, planned and loaded now, so an op that is
+    not fusible raises `NotFusible` here rather than at the first call."""
+    ok = available()
+    if not ok:
+        raise RuntimeError(f"Triton kernels are unavailable: {ok.reason}")
+    region = FusedRegion(graph.graph if isinstance(graph, fx.GraphModule) else graph, tuning)
+    region.launch_for(list(example_inputs))
+    return region
+
+
+class FusedRegion:
+    """Call with tensors in the graph's input order; returns the graph's outputs as a tuple. Each new
+    input signature (dtypes, sizes, strides) is planned once; one with the same broadcast pattern and
+    contiguity class reuses the same kernel."""
+
+    def __init__(self, graph: fx.Graph, tuning: Tuning):
+        self.graph = graph
+        self.tuning = tuning
+        self._launches: dict[tuple, Launch] = {}
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.launch_for(tensors).run(tensors)
+
+    def launch_for(self, tensors) -> Launch:
+        signature = tuple((t.dtype, t.device, t.shape, t.stride()) if isinstance(t, torch.Tensor) else type(t)
+                          for t in tensors)
+        launch = self._launches.get(signature)
+        if launch is None:
+            launch = self._launches[signature] = _plan(self.graph, list(tensors), self.tuning)
+        return launch
+
+
+def _plan(graph: fx.Graph, tensors: list, tuning: Tuning) -> Launch:
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        raise NotFusible(f"inputs on {sorted(map(str, devices))} are not fusible: a kernel runs on one device")
+    if devices and devices.pop().type != "cuda" and not _triton.interpreting():
+        raise NotFusible("CPU inputs are not fusible: compiled Triton kernels need CUDA tensors "
+                         "(or TRITON_INTERPRET=1)")
+    region = analyse(graph, tensors)
+    kind = rowwise if region.has_reduction else pointwise
+    launch = kind.plan(region, tuning)
+    if launch.allocs:
+        launch.kernel = cache.kernel(launch.spec, kind.emit)
+    return launch

@@ -1,0 +1,40 @@
+"""A planned kernel call for one input signature: which kernel, its grid and scalar arguments, and the
+outputs to allocate. Planning (pointwise.plan, rowwise.plan) happens once per signature; `run` is the
+per-call path and does no analysis."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .ir import Ref
+
+
+@dataclass
+class Launch:
+    spec: Any                                   # PointwiseSpec or RowSpec: the kernel's cache key
+    grid: tuple[int, ...]
+    scalars: list[int]                          # in the order of the kernel's scalar parameters
+    constexprs: dict[str, int]                  # block sizes
+    num_warps: int
+    allocs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]   # stored outputs: shape, strides, dtype
+    outputs: list[Ref]                          # returned: Ref("in", k) = input k, Ref("out", m) = stored m
+    kernel: Callable | None = field(default=None)
+
+    def run(self, tensors) -> tuple[torch.Tensor, ...]:
+        device = tensors[0].device
+        outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype in self.allocs]
+        if self.grid[0]:
+            self.kernel[self.grid](*tensors, *outs, *self.scalars, **self.constexprs, num_warps=self.num_warps)
+        return tuple(tensors[r.index] if r.kind == "in" else outs[r.index] for r in self.outputs)
+
+
+def returned(outputs: list[Ref], stored: list[tuple[Ref, Any]]) -> list[Ref]:
+    """The region's outputs as references to inputs or to stored outputs (by position)."""
+    position = {ref: m for m, (ref, _) in enumerate(stored)}
+    return [r if r.kind == "in" else Ref("out", position[r]) for r in outputs]
+
+
+def allocations(stored: list[tuple[Ref, Any]]) -> list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]:
+    return [(tuple(v.shape), tuple(v.stride()), v.dtype) for _, v in stored]
