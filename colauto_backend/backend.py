@@ -108,7 +108,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
-        codegen = _codegen(config.codegen)
+        codegen = _codegen(config.codegen, config.report)
         return compat.aot_autograd(
             fw_compiler=functools.partial(codegen, is_backward=False),
             bw_compiler=functools.partial(codegen, is_backward=True),
@@ -119,9 +119,17 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
     return backend
 
 
-def _codegen(name: str) -> Callable:
+def _codegen(name: str, report_setting: str | None = None) -> Callable:
     if name == "inductor":
         return compat.run_with_inductor
+    if name == "triton":
+        def triton(gm, inputs, *, is_backward, is_inference=False):
+            from . import fusion   # local import: needs triton_kernels only when asked for
+            done = fusion.fuse(gm)
+            kind = "inference" if is_inference else "backward" if is_backward else "forward"
+            report.emit_fusion(dataclasses.asdict(done) | {"graph": kind}, report_setting)
+            return compat.run_as_aten(gm, inputs)
+        return triton
 
     def aten(gm, inputs, *, is_backward, is_inference=False):
         return compat.run_as_aten(gm, inputs)

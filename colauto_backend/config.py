@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any, Mapping
 
-CODEGENS = ("aten", "inductor")
+CODEGENS = ("aten", "inductor", "triton")
 OPTIMIZERS = ("adamw", "adamw_foreach", "sgd", "none")
 
 
@@ -20,7 +20,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
-    codegen: str = "aten"            # how the partitioned graphs run: aten ops or Inductor's codegen
+    codegen: str = "aten"            # how the partitioned graphs run: aten ops, Inductor, or colauto's Triton kernels
     device: str | None = None        # roofline preset name or JSON path; None = the device found
     report: str | None = None        # None = off, "1" = print table on rank 0, else a JSON path
     optimizer: str = "adamw"         # optimizer-state assumption of the memory model
@@ -128,7 +128,9 @@ _FIELDS = {
     "mesh": ("COLAUTO_MESH", _mesh),
     "comm": ("COLAUTO_COMM", _comm),
 }
-ENV_VARS = tuple(var for var, _ in _FIELDS.values())
+# Read by triton_kernels itself (a package that does not depend on this one); validated here.
+KERNEL_VARS = {"COLAUTO_CACHE_DIR": None, "COLAUTO_PRINT_KERNELS": ("0", "1")}
+ENV_VARS = tuple(var for var, _ in _FIELDS.values()) + tuple(KERNEL_VARS)
 
 
 def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -137,6 +139,8 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
     for var in environ:
         if var.startswith("COLAUTO_") and var not in ENV_VARS:
             raise ConfigError(f"{var} is not a colauto setting: the known variables are {', '.join(ENV_VARS)}")
+        if KERNEL_VARS.get(var) and environ[var] not in KERNEL_VARS[var]:
+            raise ConfigError(f"{var}={environ[var]!r} is not valid: use one of {', '.join(KERNEL_VARS[var])}")
     values: dict[str, Any] = {}
     for key, (var, parse) in _FIELDS.items():
         if var in environ:

@@ -136,3 +136,22 @@ def emit_parallel(plan: dict, setting: str | None) -> None:
     else:
         with open(setting.removesuffix(".json") + ".parallel.json", "w") as f:
             json.dump(plan, f, indent=1, default=str)
+
+
+def render_fusion(data: dict) -> str:
+    if data["unavailable"]:
+        return f"colauto triton fusion ({data['graph']}): none, {data['unavailable']}"
+    return (f"colauto triton fusion ({data['graph']}): {data['regions']} regions, {data['ops']} aten ops in "
+            f"{len(set(data['kernels']))} kernels, predicted {fmt_bytes(data['bytes_saved'])} of intermediates "
+            "not written to memory")
+
+
+def emit_fusion(data: dict, setting: str | None) -> None:
+    """COLAUTO_REPORT for COLAUTO_CODEGEN=triton, one line per compiled graph (JSON: appended lines)."""
+    if setting is None or _rank() != 0:
+        return
+    if setting == "1":
+        print(render_fusion(data), flush=True)
+    else:
+        with open(setting.removesuffix(".json") + ".fusion.jsonl", "a") as f:
+            f.write(json.dumps(data) + "\n")

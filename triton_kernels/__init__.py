@@ -6,8 +6,9 @@ returns a callable. Kernels are cached on disk (see cache). Without a GPU they r
 interpreter; where Triton cannot run, `available()` is falsy with the reason and callers use aten.
 """
 from .cache import cache_stats
-from .compile import FusedRegion, available, compile_region
+from .compile import FusedRegion, available, check, compile_region
 from .ir import NotFusible
+from .region import RULES
 from .tuning import Tuning
 
-__all__ = ["FusedRegion", "NotFusible", "Tuning", "available", "cache_stats", "compile_region"]
+__all__ = ["FusedRegion", "NotFusible", "RULES", "Tuning", "available", "cache_stats", "check", "compile_region"]

@@ -27,12 +27,19 @@ def compile_region(graph: fx.Graph | fx.GraphModule, example_inputs, *, tuning: 
     return region
 
 
+def check(graph: fx.Graph, example_inputs) -> None:
+    """Raise `NotFusible` unless the generator can plan this region for inputs like these (any device,
+    meta included: nothing is compiled or run)."""
+    region = analyse(graph, list(example_inputs))
+    (rowwise if region.has_reduction else pointwise).plan(region, Tuning())
+
+
 class FusedRegion:
     """Call with tensors in the graph's input order; returns the graph's outputs as a tuple. Each new
     input signature (dtypes, sizes, strides) is planned once; one with the same broadcast pattern and
     contiguity class reuses the same kernel."""
 
-    def __init__(self, graph: fx.Graph, tuning: Tuning):
+    def __init__(self, graph: fx.Graph, tuning: Tuning = Tuning()):
         self.graph = graph
         self.tuning = tuning
         self._launches: dict[tuple, Launch] = {}

@@ -1,0 +1,192 @@
+"""COLAUTO_CODEGEN=triton: the fusible regions of a planned aten graph, each run as one generated kernel.
+
+A region is a connected set of at least two nodes that triton_kernels lowers (pointwise ops, last-dim
+row reductions: softmax, LayerNorm, RMSNorm and their backwards); matmuls, attention, views and
+collectives stay aten. Nodes join greedily in graph order. A region becomes one call of a torch custom
+op (`colauto::fused_<hash>`) placed where its last node was, so a node joins only if every outside
+reader of the region comes after it, and only if the generator can plan the grown region (checked on
+the example shapes). A region the generator refuses when it first runs falls back to its aten ops,
+counted and warned about once: the step still computes the same thing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import operator
+import warnings
+from collections import Counter
+
+import torch
+import torch.fx as fx
+
+import triton_kernels
+from triton_kernels import NotFusible
+
+from . import _torch_compat as compat
+
+FALLBACKS = Counter()        # regions run as aten after the generator refused them at run time, by reason
+_OPS: dict[str, object] = {}  # custom op name -> op, defined once per process
+_LIB = None
+
+
+@dataclasses.dataclass
+class Fusion:
+    """What the pass did to one graph (COLAUTO_REPORT prints it)."""
+    regions: int = 0
+    ops: int = 0                      # aten ops replaced by kernels
+    bytes_saved: int = 0              # predicted: intermediates no longer written and read back
+    kernels: list[str] = dataclasses.field(default_factory=list)   # custom op names
+    unavailable: str | None = None    # why nothing was fused (Triton cannot run here)
+
+
+def fuse(gm: fx.GraphModule) -> Fusion:
+    """Replace `gm`'s fusible regions in place (each node needs its example value in meta["val"])."""
+    ok = triton_kernels.available()
+    if not ok:
+        _warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
+        return Fusion(unavailable=ok.reason)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    region_of: dict[fx.Node, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node in region_of or not _lowerable(node):
+            continue
+        # a tuple-valued op (LayerNorm: out, mean, rstd) moves with the getitems that unpack it
+        group = [node] + sorted((u for u in node.users if u.target is operator.getitem), key=order.get)
+        if len(group) == 1 and not isinstance(node.meta["val"], torch.Tensor):
+            continue
+        for producer in sorted((p for p in node.all_input_nodes if p in region_of), key=order.get, reverse=True):
+            region = region_of[producer]
+            if _readers_follow(region + group[:-1], group[-1], order) and _plans(region + group):
+                break
+        else:
+            region = []
+        region += group
+        region_of.update(dict.fromkeys(group, region))
+    out = Fusion()
+    seen = set()
+    for region in region_of.values():
+        if id(region) in seen or sum(n.target is not operator.getitem for n in region) < 2:
+            continue
+        seen.add(id(region))
+        name, saved = _replace(gm, region)
+        out.regions += 1
+        out.ops += sum(n.target is not operator.getitem for n in region)
+        out.bytes_saved += saved
+        out.kernels.append(name)
+    gm.graph.lint()
+    gm.recompile()
+    return out
+
+
+def _lowerable(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in triton_kernels.RULES
+            and isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)))
+
+
+def _readers_follow(region: list[fx.Node], last: fx.Node, order: dict) -> bool:
+    """The fused call will sit at `last`: every reader of the region outside it must come later."""
+    return all(order[u] > order[last] for r in region for u in r.users if u is not last and u not in region)
+
+
+def _subgraph(region: list[fx.Node]) -> tuple[fx.Graph, list[fx.Node], list[fx.Node]]:
+    """(graph of the region, outside nodes it reads, region nodes read outside it) in graph order."""
+    inside = set(region)
+    graph, env, inputs = fx.Graph(), {}, []
+    for n in region:
+        for a in n.all_input_nodes:
+            if a not in inside and a not in env:
+                env[a] = graph.placeholder(f"in{len(inputs)}")
+                inputs.append(a)
+    for n in region:
+        env[n] = graph.node_copy(n, env.__getitem__)
+    outputs = [n for n in region if any(u not in inside for u in n.users)]
+    graph.output(tuple(env[n] for n in outputs))
+    return graph, inputs, outputs
+
+
+def _plans(region: list[fx.Node]) -> bool:
+    graph, inputs, outputs = _subgraph(region)
+    if not outputs or any(not isinstance(n.meta.get("val"), torch.Tensor) for n in outputs):
+        return False
+    try:
+        triton_kernels.check(graph, [_example(a.meta["val"]) for a in inputs])
+    except NotFusible:
+        return False
+    return True
+
+
+def _example(val):
+    """A meta tensor with the example's sizes and strides (symbolic sizes at their hints)."""
+    if not isinstance(val, torch.Tensor):
+        return val
+    size = [compat.example_int(s) for s in val.shape]
+    stride = [compat.example_int(s) for s in val.stride()]
+    return torch.empty_strided(size, stride, dtype=val.dtype, device="meta")
+
+
+def _replace(gm: fx.GraphModule, region: list[fx.Node]) -> tuple[str, int]:
+    graph, inputs, outputs = _subgraph(region)
+    op, name = _custom_op(graph)
+    with gm.graph.inserting_after(region[-1]):
+        call = gm.graph.call_function(op, (list(inputs),))
+    with gm.graph.inserting_after(call):
+        for k, n in enumerate(outputs):
+            item = gm.graph.call_function(operator.getitem, (call, k))
+            item.meta["val"] = n.meta["val"]
+            n.replace_all_uses_with(item, delete_user_cb=lambda u: u not in region)
+    saved = sum(2 * _nbytes(n.meta.get("val")) for n in region if n not in outputs)
+    for n in reversed(region):
+        gm.graph.erase_node(n)
+    return name, saved
+
+
+def _nbytes(val) -> int:
+    if not isinstance(val, torch.Tensor):
+        return 0
+    return compat.example_int(val.numel()) * val.element_size()
+
+
+def _custom_op(graph: fx.Graph):
+    """The custom op running this region's kernel; one per distinct region code in the process."""
+    global _LIB
+    module = fx.GraphModule(torch.nn.Module(), graph)
+    name = "fused_" + hashlib.sha256(_canonical(graph).encode()).hexdigest()[:16]
+    if name not in _OPS:
+        if _LIB is None:
+            _LIB = torch.library.Library("colauto", "FRAGMENT")
+        _LIB.define(f"{name}(Tensor[] inputs) -> Tensor[]")
+        kernel = triton_kernels.FusedRegion(graph)
+        refused: list[str] = []
+
+        def run(inputs):
+            if not refused:
+                try:
+                    return list(kernel(*inputs))
+                except NotFusible as exc:       # a signature the example shapes did not show
+                    refused.append(str(exc))
+                    FALLBACKS[str(exc)] += 1
+                    _warn_once(f"colauto: a fused region runs as aten ops: {exc}")
+            return _as_list(module(*inputs))
+        _LIB.impl(name, run, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"colauto::{name}", lib=_LIB)(lambda inputs: _as_list(module(*inputs)))
+        _OPS[name] = getattr(torch.ops.colauto, name).default
+    return _OPS[name], name
+
+
+def _canonical(graph: fx.Graph) -> str:
+    """The region's code with node names replaced by positions: the same ops in every layer share one op."""
+    index = {n: f"%{i}" for i, n in enumerate(graph.nodes)}
+    return ";".join(f"{n.op}:{n.target}:{fx.map_arg((n.args, n.kwargs), index.__getitem__)}" for n in graph.nodes)
+
+
+def _as_list(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)

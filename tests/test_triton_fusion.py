@@ -1,0 +1,84 @@
+"""COLAUTO_CODEGEN=triton: the planned graphs' fusible regions run as generated Triton kernels (on CPU in
+Triton's interpreter, which conftest turns on) and training still equals eager (fp32)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not importable: COLAUTO_CODEGEN=triton has nothing to run")
+
+from colauto_backend import fusion, report  # noqa: E402
+from examples.models import MODEL_NAMES, build  # noqa: E402
+from test_training import check_matches_eager  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NATIVE = [n for n in MODEL_NAMES if not n.startswith("hf_")]
+
+
+@pytest.mark.parametrize("name", NATIVE)
+def test_training_matches_eager_with_generated_kernels(name, monkeypatch):
+    done = []
+    real = fusion.fuse
+    monkeypatch.setattr(fusion, "fuse", lambda gm: done.append(real(gm)) or done[-1])
+    fallbacks = sum(fusion.FALLBACKS.values())
+    check_matches_eager(name, "triton")
+    assert len(done) == 2 and not any(d.unavailable for d in done)     # forward and backward graphs
+    assert sum(d.ops for d in done) >= 2, "nothing was fused: the test would not exercise a kernel"
+    assert sum(fusion.FALLBACKS.values()) == fallbacks                  # every region ran its kernel
+    for d in done:
+        assert d.regions == len(d.kernels)
+
+
+def test_fused_graph_calls_custom_ops_in_place_of_the_region(monkeypatch):
+    model, make = build("llama")
+    x, y = make(2, 8)
+    graphs = []
+    real = fusion.fuse
+
+    def spy(gm):
+        out = real(gm)
+        graphs.append((gm, out))
+        return out
+    monkeypatch.setattr(fusion, "fuse", spy)
+    torch.compile(model, backend="colauto", options={"codegen": "triton"})(x, y).backward()
+    gm, done = graphs[0]
+    called = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert sum(str(t).startswith("colauto.fused_") for t in called) == done.regions > 0
+    assert torch.ops.aten.rsqrt.default not in called           # RMSNorm's chain went into a kernel
+    assert done.bytes_saved > 0
+
+
+def test_report_lists_fused_regions(capsys):
+    model, make = build("llama")
+    torch.compile(model, backend="colauto", options={"codegen": "triton", "report": "1"})(*make(2, 8)).backward()
+    out = capsys.readouterr().out
+    assert "colauto triton fusion (forward):" in out and "colauto triton fusion (backward):" in out
+    assert report.render_fusion({"graph": "forward", "unavailable": "no triton", "regions": 0, "ops": 0,
+                                 "kernels": [], "bytes_saved": 0}).endswith("none, no triton")
+
+
+def test_without_triton_the_graphs_run_as_aten_and_say_so_once():
+    code = (
+        "import sys, warnings; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from examples.models import build\n"
+        "m, mk = build('llama'); ref, _ = build('llama'); x, y = mk(2, 8)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    loss = torch.compile(m, backend='colauto', options={'codegen': 'triton'})(x, y); loss.backward()\n"
+        "said = [str(x.message) for x in w if 'COLAUTO_CODEGEN=triton' in str(x.message)]\n"
+        "assert len(said) == 1 and 'triton is not importable' in said[0], said\n"
+        "torch.testing.assert_close(loss, ref(x, y))\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")} | {"PYTHONPATH": REPO}
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+
+
+def test_bad_print_kernels_value_is_one_line(monkeypatch):
+    from colauto_backend import config
+    monkeypatch.setenv("COLAUTO_PRINT_KERNELS", "yes")
+    with pytest.raises(config.ConfigError, match="COLAUTO_PRINT_KERNELS='yes' is not valid"):
+        config.load()
