@@ -124,6 +124,10 @@ def render_parallel(plan: dict) -> str:
     if tp:
         lines.append(f"tensor parallel: {sum(r == 'col' for r in tp.values())} column and "
                      f"{sum(r == 'row' for r in tp.values())} row modules")
+    if p.get("tp_off_layers"):
+        lines.append(f"not tensor-parallel (replicated over tp): {', '.join(p['tp_off_layers'])}")
+    if p.get("whole_batch_layers"):
+        lines.append(f"computed on the tp group's whole batch: {', '.join(p['whole_batch_layers'])}")
     return "\n".join(lines)
 
 

@@ -42,6 +42,10 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
                 assert r["replicated_layers"] and {"R", "S0"} <= placements, where
             if mesh != "auto":
                 assert r["plan"]["mesh"] == mesh, where
+            if r["run"] in PER_LAYER_TP:
+                assert r["plan"]["tp_modules"] and r["plan"]["predicted"]["tp_off_layers"], where
+            if r["run"] in WHOLE_BATCH:
+                assert r["plan"]["layer_places"], where
             assert r["grad_fallbacks"] == 0, where
             # this rank holds exactly the shard the plan says
             assert r["local_shapes"] == r["planned_shapes"], where
@@ -61,12 +65,17 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
 
 # The @2.2MB@nvlink-h100 runs make the planner mix: some layers replicated on the fsdp axis, others sharded.
 MIXED = ["gpt2@fsdp=2@2.2MB@nvlink-h100", "llama@fsdp=2@2.2MB@nvlink-h100"]
+# The layer DP's other choices, each checked to occur: tp on for some layers and off for others (at
+# NVLink and PCIe costs), and layers computed on the tp group's whole batch ("R": gloo costs make tp's
+# activation collectives dearer than redundant compute).
+PER_LAYER_TP = ["gpt2@fsdp=2,tp=2@none@nvlink-h100", "gpt2@tp=4@none@pcie"]
+WHOLE_BATCH = ["gpt2@tp=2"]
 # +outside: the loss is computed by the script from the returned logits (gradients averaged as by DDP);
 # +frozen: one parameter does not train.
 RUNS_2 = ["gpt2@dp=2", "gpt2@fsdp=2", "gpt2@tp=2", "gpt2@auto",
           "llama@dp=2", "llama@fsdp=2", "llama@tp=2", "llama@auto", *MIXED,
           "gpt2+outside+frozen@fsdp=2", "llama+outside@tp=2"]
-RUNS_4 = ["gpt2@fsdp=2,tp=2", "gpt2@tp=4", "gpt2@auto",
+RUNS_4 = [*PER_LAYER_TP, "gpt2@auto",
           "llama@fsdp=2,tp=2", "llama@dp=2,fsdp=2", "llama@fsdp=4", "llama@auto"]
 
 

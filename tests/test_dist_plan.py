@@ -196,36 +196,33 @@ def test_solve_48_layers_on_2x4_under_two_seconds():
 
 
 def test_layer_dp_equals_brute_force():
-    """layers.mix against every shard/replicate assignment, on integer costs where quantization is exact."""
+    """layers.solve against every assignment of options, placements switched at cuts, on integer
+    costs where quantization is exact."""
     from colauto_backend.dist import layers
     rng = np.random.default_rng(0)
-    for trial in range(200):
-        n = int(rng.integers(1, 7))
-        fqns = [f"blocks.{i}.w" for i in range(n)]
-        plan = ParallelPlan((("fsdp", 2),), {f: ("S0",) for f in fqns}, {f: ("R",) for f in fqns})
-        costs = {f: (layers.Option(float(rng.integers(1, 50)), float(rng.integers(0, 20))),   # sharded
-                     layers.Option(float(rng.integers(50, 100)), float(rng.integers(0, 5))))   # replicated
-                 for f in fqns}
-        fixed, limit = float(rng.integers(0, 100)), float(rng.integers(100, 500))
-        frontier = sorted((float(rng.integers(0, 300)), float(rng.integers(0, 30))) for _ in range(3))
+    for trial in range(300):
+        n = int(rng.integers(1, 5))
+        opts = [[layers.Option(float(rng.integers(1, 60)), float(rng.integers(0, 20)), str(rng.choice(["S", "R"])))
+                 for _ in range(int(rng.integers(1, 4)))] for _ in range(n)]
+        cost = {(i, a, b): 0.0 if a == b else float(rng.integers(0, 8)) for i in range(n) for a in "SR" for b in "SR"}
+        fixed, limit = float(rng.integers(0, 50)), float(rng.integers(50, 250))
+        frontier = sorted((float(rng.integers(0, 150)), float(rng.integers(0, 30))) for _ in range(3))
 
         def remat(excess):
-            ok = [t for freed, t in frontier + [(0.0, 0.0)] if freed >= excess]
-            return min(ok) if ok else None
+            return min([t for freed, t in frontier + [(0.0, 0.0)] if freed >= excess], default=math.inf)
 
-        def option(pl, fs):
-            return layers.Option(sum(costs[f][pl.storage[f] == ("R",)].state_bytes for f in fs),
-                                 sum(costs[f][pl.storage[f] == ("R",)].exposed_s for f in fs))
-
-        def total(replicated):
-            o = option(layers.replicate(plan, replicated), fqns)
-            extra = remat(o.state_bytes + fixed - limit)
-            return math.inf if extra is None else o.exposed_s + extra
-        brute = min(total([f for f, r in zip(fqns, bits) if r]) for bits in itertools.product((0, 1), repeat=n))
-        mixed, replicated = layers.mix(plan, option, fixed, limit, remat)
-        got = total([f"{g}.w" for g in replicated])
-        assert got == brute, (trial, got, brute)
-        assert all(mixed.storage[f"{g}.w"] == ("R",) for g in replicated)
+        def total(chosen):
+            place, seconds = "S", 0.0
+            for i, o in enumerate(chosen):
+                seconds, place = seconds + o.exposed_s + cost[(i, place, o.place)], o.place
+            return seconds + remat(sum(o.state_bytes for o in chosen) + fixed - limit)
+        brute = min(total(c) for c in itertools.product(*opts))
+        got = layers.solve(opts, lambda i, a, b: cost[(i, a, b)], fixed, limit,
+                           lambda ex: np.array([remat(e) for e in ex]))
+        if got is None:
+            assert brute == math.inf, trial
+            continue
+        assert total(got[0]) == brute == got[1], (trial, total(got[0]), got[1], brute)
 
 
 def test_per_layer_mix_beats_every_uniform_plan(gpt2_124m):

@@ -24,6 +24,7 @@ not the fastest after it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Callable
@@ -32,13 +33,13 @@ import numpy as np
 import torch
 
 from .. import planner
-from ..analysis import Analysis
+from ..analysis import Analysis, layer_of
 from ..report import fmt_bytes
 from . import layers
 from .comm import Link
 from .mesh import Axes
-from .plan import ParallelPlan
-from .strategy import TPLayout, nbytes, plan_for
+from .plan import ParallelPlan, shard_shape
+from .strategy import LayerIO, TPLayout, param_group, placements, plan_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Single:
     transient_bytes: int         # peak less parameters, gradients and optimizer state
     freed: np.ndarray            # activation bytes each frontier point frees, ascending
     recompute_s: np.ndarray      # its recompute seconds
+    layers: dict = dataclasses.field(default_factory=dict)   # layer -> (compute s, matmul s)
 
     def scaled(self, seconds: float, s_act: float) -> float:
         """Seconds of single-device work on a device whose activations are `s_act` times as large:
@@ -69,11 +71,16 @@ class Single:
         frontier, _, quantum = planner.remat_frontier(analysis.joint, analysis, ev)
         kept = frontier.memory * quantum
         order = np.argsort(kept[-1] - kept)
+        per_layer: dict[str, list[float]] = {}
+        for n, t, mm in zip(analysis.costs.nodes, times, matmul):
+            row = per_layer.setdefault(layer_of(n.module), [0.0, 0.0])
+            row[0] += float(t)
+            row[1] += float(t) if mm else 0.0
         return cls(compute, float(times[matmul].sum()) / compute if compute else 0.0,
                    float(times[~analysis._is_fwd].sum()) / compute if compute else 0.0, ev["est_optimizer_time_s"],
                    ev["param_bytes"], ev["optimizer_state_bytes"] / max(ev["param_bytes"], 1),
                    max(ev["peak_memory_bytes"] - persistent, ev["saved_activation_bytes"]),
-                   (kept[-1] - kept)[order], frontier.time[order])
+                   (kept[-1] - kept)[order], frontier.time[order], {k: tuple(v) for k, v in per_layer.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,44 +100,105 @@ class Estimate:
         return self.compute_s + self.comm_s + self.recompute_s + self.optimizer_s
 
 
-def act_scale(tp: TPLayout, n_tp: int) -> float:
-    """Activation bytes per device over the single-device graph's: with sequence parallelism only the
-    tensors gathered over tp (column inputs, mixed feature shards) are held tp-fold."""
-    return 1.0 + tp.gathered_fraction * (n_tp - 1)
-
-
 def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link) -> tuple[float, float, float, float]:
     """(bytes stored, bytes used in compute, gather seconds, gradient-reduction seconds) of one parameter
     on the rank holding the largest shard (torch.chunk's first)."""
-    origin = (0,) * len(plan.axes)
-    elem = p.element_size()
-    here = math.prod(plan.local_shape(fqn, tuple(p.shape), origin)) * elem
-    whole = math.prod(plan.local_shape(fqn, tuple(p.shape), origin, compute=True)) * elem
-    fsdp = next((n for (r, n), pl in zip(plan.axes, plan.storage[fqn]) if r == "fsdp"), 1)
-    sharded = any(r == "fsdp" and pl != "R" for (r, _), pl in zip(plan.axes, plan.storage[fqn]))
-    dp = dict(plan.axes).get("dp", 1)
-    if sharded:   # gathered for use; gradient reduce-scattered over fsdp, then all-reduced over dp
+    place = plan.layer_places.get(param_group(fqn), "S")
+    return _param_cost(plan.axes, plan.storage[fqn], plan.compute[fqn], place, tuple(p.shape), p.element_size(), link)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _param_cost(axes: Axes, storage: tuple, compute: tuple, place: str, shape: tuple, elem: int,
+                link: Link) -> tuple[float, float, float, float]:
+    origin = (0,) * len(axes)
+    here = math.prod(shard_shape(axes, storage, shape, origin)) * elem
+    whole = math.prod(shard_shape(axes, compute, shape, origin)) * elem
+    roles = [r for r, _ in axes]
+    fsdp = next((n for (r, n), pl in zip(axes, storage) if r == "fsdp"), 1)
+    sharded = any(r == "fsdp" and pl != "R" for r, pl in zip(roles, storage))
+    dp = dict(axes).get("dp", 1)
+    # a parameter replicated over tp whose layer sees batch shards there gets partial gradients: reduce
+    # them over tp too (a layer computed redundantly over tp, "R", gets whole ones)
+    tp = next((n for (r, n), pl in zip(axes, compute) if r == "tp" and pl == "R"), 1) if place == "S" else 1
+    if sharded:   # gathered for use; gradient reduce-scattered over fsdp, then all-reduced over dp (and tp)
         return here, whole, link.all_gather(whole, fsdp), link.reduce_scatter(whole, fsdp) + link.all_reduce(
-            whole / fsdp, dp)
-    return here, whole, 0.0, link.all_reduce(whole, fsdp * dp)   # replicated on every data axis
+            whole / fsdp, dp * tp)
+    return here, whole, 0.0, link.all_reduce(whole, fsdp * dp * tp)   # replicated on every data axis
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCost:
+    stored: float                # parameter bytes held
+    used: float                  # parameter bytes as computed with (fsdp gathered)
+    gather_s: float              # fsdp gathers (exposed)
+    reduce_s: float              # gradient reductions (hidden behind backward up to its length)
+    compute_s: float
+    tp_s: float                  # tensor-parallel activation collectives (exposed)
+    extra_bytes: float           # activations held beyond the single-device graph's
+
+    def state_bytes(self, single: Single) -> float:
+        return self.stored * (2 + single.optimizer_ratio) + self.used - self.stored
+
+
+def layer_cost(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str, torch.Tensor],
+               tp: TPLayout, single: Single, link: Link) -> LayerCost:
+    """One layer under `plan`: its parameters' costs, its compute and activations scaled by how it runs
+    (tensor-parallel with sequence parallelism: matmuls unchanged, its gathered activations held
+    tp-fold; "S": as on one device; "R": the tp group's whole batch, tp-fold), and its tp collectives."""
+    c = np.sum([param_cost(plan, f, params[f], link) for f in fqns], axis=0) if fqns else np.zeros(4)
+    n_tp = dict(plan.axes).get("tp", 1)
+    seconds, matmul = single.layers.get(group, (0.0, 0.0))
+    io = tp.layers.get(group, LayerIO())
+    saved = single.transient_bytes * io.total_bytes / max(tp.total_bytes, 1)   # its share of the activations
+    axis = [r for r, _ in plan.axes].index("tp") if n_tp > 1 else None
+    if axis is not None and any(plan.compute[f][axis] != "R" for f in fqns):
+        held = min(1.0, io.held_fraction)
+        compute = matmul + (seconds - matmul) * (1 + held * (n_tp - 1))
+        comm = (sum(link.all_reduce(b * n_tp, n_tp) for b in io.row_bytes + io.col_bytes)
+                + sum(link.all_gather(b * n_tp, n_tp) for b in io.gathered_bytes))
+        extra = (n_tp - 1) * (sum(io.col_bytes) + sum(io.gathered_bytes))
+    elif plan.layer_places.get(group, "S") == "R":
+        compute, comm, extra = seconds * n_tp, 0.0, (n_tp - 1) * saved
+    else:
+        compute, comm, extra = seconds, 0.0, 0.0
+    return LayerCost(c[0], c[1], c[2], c[3], compute, comm, extra)
+
+
+def switch_cost(plan: ParallelPlan, group: str, tp: TPLayout, link: Link, before: str, after: str) -> float:
+    """Moving a layer's input between tp placements: to "R" all-gathers it (its gradient reduce-scatters
+    back), to "S" takes the rank's part (its gradient all-gathers)."""
+    n_tp = dict(plan.axes).get("tp", 1)
+    if before == after or n_tp == 1:
+        return 0.0
+    b = tp.layers.get(group, LayerIO()).input_bytes * n_tp
+    return link.all_reduce(b, n_tp) if after == "R" else link.all_gather(b, n_tp)
+
+
+def groups(params: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """Parameters by layer, in the model's order."""
+    out: dict[str, list[str]] = {}
+    for fqn in params:
+        out.setdefault(param_group(fqn), []).append(fqn)
+    return out
 
 
 def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single,
              link: Link, budget: int | None) -> Estimate:
-    n_tp = dict(plan.axes).get("tp", 1)
-    s_act = act_scale(tp, n_tp)
-    compute = single.scaled(single.compute_s, s_act)
-    stored = used = gather = reduce = 0.0
-    for fqn, p in params.items():
-        c = param_cost(plan, fqn, p, link)
-        stored, used, gather, reduce = stored + c[0], used + c[1], gather + c[2], reduce + c[3]
-    activations = 0.0
-    if n_tp > 1:   # gather + reduce-scatter (forward, and the reverse in backward) = one all-reduce each
-        activations += sum(link.all_reduce(nbytes(n) * n_tp, n_tp) for n in tp.row_outputs + tp.col_inputs)
-        activations += sum(link.all_gather(nbytes(n) * n_tp, n_tp) for n in tp.gathered)
-    comm = gather + activations + max(0.0, reduce - compute * single.backward_share)
-    state = int(stored * (2 + single.optimizer_ratio) + (used - stored))
-    memory = memory_before = state + int(single.transient_bytes * s_act)
+    costs = {g: layer_cost(plan, g, fqns, params, tp, single, link) for g, fqns in groups(params).items()}
+    rest = single.compute_s - sum(single.layers.get(g, (0.0,))[0] for g in costs)   # layers without parameters
+    compute = rest + sum(c.compute_s for c in costs.values())
+    place, switches = "S", 0.0
+    for g in costs:
+        after = plan.layer_places.get(g, "S")
+        switches, place = switches + switch_cost(plan, g, tp, link, place, after), after
+    reduce = sum(c.reduce_s for c in costs.values())
+    comm = (sum(c.gather_s + c.tp_s for c in costs.values()) + switches
+            + max(0.0, reduce - compute * single.backward_share))
+    stored = sum(c.stored for c in costs.values())
+    state = int(sum(c.state_bytes(single) for c in costs.values()))
+    activations = single.transient_bytes + sum(c.extra_bytes for c in costs.values())
+    s_act = activations / max(single.transient_bytes, 1)
+    memory = memory_before = state + int(activations)
     limit = math.inf if budget is None else budget * (1 - planner.HEADROOM)
     recompute, fits = 0.0, memory <= limit
     if not fits:
@@ -148,31 +216,67 @@ def _remat(single: Single, s_act: float, excess: float) -> tuple[tuple[float, fl
     return (single.scaled(float(single.recompute_s[k]), s_act), float(single.freed[k]) * s_act), len(enough) > 0
 
 
-def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single, link: Link,
-          budget: int | None) -> tuple[ParallelPlan, list[str]]:
-    """Layer by layer, shard on the fsdp axis or replicate (layers.py). Costed as `estimate` costs, except
-    that gradient reductions count as all hidden (if every layer replicated would still hide behind
-    backward) or all exposed: additive per layer, as the DP needs. `estimate` then ranks the result."""
-    if "fsdp" not in dict(plan.axes):
-        return plan, []
-    s_act = act_scale(tp, dict(plan.axes).get("tp", 1))
-    backward = single.scaled(single.compute_s, s_act) * single.backward_share
-    everything = layers.replicate(plan, list(params))
-    hidden = sum(param_cost(everything, f, p, link)[3] for f, p in params.items()) <= backward
+def configure(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str, torch.Tensor], tp: TPLayout,
+              tp_on: bool, shard: bool, place: str) -> ParallelPlan:
+    """`plan` with one layer set: tensor-parallel or not, sharded on the fsdp axis or replicated, and the
+    tp placement of its activations."""
+    roles = {f: tp.roles[f] for f in fqns if f in tp.roles} if tp_on else {}
+    storage, compute = placements(plan.axes, {f: params[f] for f in fqns}, roles)
+    out = dataclasses.replace(plan, storage=plan.storage | storage, compute=plan.compute | compute)
+    if not shard and "fsdp" in dict(plan.axes):
+        out = layers.replicate(out, fqns)
+    if not tp_on:
+        out = dataclasses.replace(out, tp_modules={m: r for m, r in out.tp_modules.items()
+                                                   if tp.module_groups.get(m) != group})
+    places = {g: p for g, p in out.layer_places.items() if g != group} | ({group: "R"} if place == "R" else {})
+    return dataclasses.replace(out, layer_places=places)
 
-    def option(pl: ParallelPlan, fqns: list[str]) -> layers.Option:
-        c = np.sum([param_cost(pl, f, params[f], link) for f in fqns], axis=0)
-        return layers.Option(c[0] * (2 + single.optimizer_ratio) + c[1] - c[0], c[2] + (0.0 if hidden else c[3]))
-    unsharded = [f for f, spec in plan.storage.items() if "S" not in "".join(spec)]
-    fixed = single.transient_bytes * s_act + (option(plan, unsharded).state_bytes if unsharded else 0.0)
+
+def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single, link: Link,
+          budget: int | None) -> ParallelPlan:
+    """Layer by layer (layers.solve): sharded on the fsdp axis or replicated, tensor-parallel or not, its
+    activations batch-sharded over tp or whole there. Costed as `estimate` costs, except that gradient
+    reductions count as all hidden (if every layer replicated would still hide behind backward) or all
+    exposed: additive per layer, as the DP needs. `estimate` then ranks the result."""
+    axes = dict(plan.axes)
+    if "fsdp" not in axes and "tp" not in axes:
+        return plan
+    backward = single.compute_s * single.backward_share
+    everything = layers.replicate(plan, list(params)) if "fsdp" in axes else plan
+    hidden = sum(param_cost(everything, f, p, link)[3] for f, p in params.items()) <= backward
+    by_group = groups(params)
+    # a layer can be placed only where it is a module that made nodes of the graph (its input hook)
+    modules = {g for g, io in tp.layers.items() if io.total_bytes and g != "(top level)"}
+    options = []
+    for g, fqns in by_group.items():
+        variants = {}
+        for tp_on in ((True, False) if "tp" in axes and any(f in tp.roles for f in fqns) else (False,)):
+            for shard in (True, False) if "fsdp" in axes else (True,):
+                for place in ("S", "R") if "tp" in axes and not tp_on and g in modules else ("S",):
+                    pl = configure(plan, g, fqns, params, tp, tp_on, shard, place)
+                    c = layer_cost(pl, g, fqns, params, tp, single, link)
+                    key = (tp_on, shard, place)
+                    variants[(tuple(pl.storage[f] for f in fqns), tp_on, place)] = layers.Option(
+                        c.state_bytes(single) + c.extra_bytes,
+                        c.compute_s + c.gather_s + c.tp_s + (0.0 if hidden else c.reduce_s), place, key)
+        options.append(list(variants.values()))
+    names = list(by_group)
     limit = math.inf if budget is None else budget * (1 - planner.HEADROOM)
 
-    def remat(excess: float) -> float | None:
-        if excess <= 0:
-            return 0.0
-        (seconds, _), enough = _remat(single, s_act, excess)
-        return seconds if enough else None
-    return layers.mix(plan, option, fixed, limit, remat)
+    # cheapest recompute that frees at least x bytes: a suffix minimum over the frontier by bytes freed
+    cheapest = np.minimum.accumulate(single.recompute_s[::-1])[::-1]
+
+    def remat(excess: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(single.freed, excess)
+        out = np.where(k < len(cheapest), cheapest[np.minimum(k, len(cheapest) - 1)], np.inf)
+        return np.where(excess <= 0, 0.0, out)
+    solved = layers.solve(options, lambda i, a, b: switch_cost(plan, names[i], tp, link, a, b),
+                          single.transient_bytes, limit, remat)
+    if solved is None:
+        return plan
+    for g, o in zip(names, solved[0]):
+        plan = configure(plan, g, by_group[g], params, tp, *o.key)
+    return plan
 
 
 def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: Callable[[int], TPLayout],
@@ -192,9 +296,16 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
     uniform = [plan_for(axes, params, layout(axes)) for axes in candidates]
     uniform_estimates = [estimate(p, params, layout(p.axes), single, link, budget) for p in uniform]
     sequential = _sequential(uniform_estimates)
-    plans, replicated = zip(*(mixed(p, params, layout(p.axes), single, link, budget) for p in uniform))
-    estimates = [e if p is u else estimate(p, params, layout(p.axes), single, link, budget)   # unchanged: reuse
-                 for p, u, e in zip(plans, uniform, uniform_estimates)]
+    plans, estimates = [], []
+    for u, e_u in zip(uniform, uniform_estimates):
+        # the DP's per-layer costs treat gradient reductions as all hidden or all exposed; `estimate`
+        # does not, so a mix it ranks slower than the uniform plan gives way to it
+        p = mixed(u, params, layout(u.axes), single, link, budget)
+        e = e_u if p is u else estimate(p, params, layout(p.axes), single, link, budget)
+        keep_uniform = e_u.fits and (not e.fits or e_u.time_s <= e.time_s)
+        plans.append(u if keep_uniform else p)
+        estimates.append(e_u if keep_uniform else e)
+    replicated = [_replicated(p, params) for p in plans]
     fitting = [i for i, e in enumerate(estimates) if e.fits]
     if not fitting:
         least = min(estimates, key=lambda e: e.memory_bytes)
@@ -214,12 +325,31 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
         "sequential_mesh": None if sequential is None else _mesh(sequential.axes),
         "sequential_step_time_s": None if sequential is None else sequential.time_s,
         "replicated_layers": replicated[joint],
+        "tp_off_layers": _tp_off(plans[joint], params, layout(plans[joint].axes)),
+        "whole_batch_layers": sorted(plans[joint].layer_places),
         "candidates": [dict(mesh=_mesh(e.axes), step_time_s=e.time_s, comm_s=e.comm_s, recompute_s=e.recompute_s,
                             memory_bytes=e.memory_bytes, fits=e.fits, replicated_layers=len(r))
                        for e, r in zip(estimates, replicated)],
         "solve_s": time.perf_counter() - start,
     }
     return dataclasses.replace(plans[joint], predicted=predicted)
+
+
+def _replicated(plan: ParallelPlan, params: dict[str, torch.Tensor]) -> list[str]:
+    """Layers the fsdp axis leaves replicated (none of their parameters sharded on it)."""
+    if "fsdp" not in dict(plan.axes):
+        return []
+    axis = [r for r, _ in plan.axes].index("fsdp")
+    return sorted(g for g, fqns in groups(params).items()
+                  if any(params[f].dim() for f in fqns) and all(plan.storage[f][axis] == "R" for f in fqns))
+
+
+def _tp_off(plan: ParallelPlan, params: dict, tp: TPLayout) -> list[str]:
+    """Layers with tensor-parallel weights that the plan keeps replicated over tp."""
+    if "tp" not in dict(plan.axes):
+        return []
+    axis = [r for r, _ in plan.axes].index("tp")
+    return sorted({param_group(f) for f in tp.roles if f in plan.compute and plan.compute[f][axis] == "R"})
 
 
 def _sequential(estimates: list[Estimate]) -> Estimate | None:

@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .plan import ParallelPlan
+from .strategy import param_group as _group_of
 
 _OWNER: WeakIdKeyDictionary = WeakIdKeyDictionary()   # DTensor parameter -> (Sharded, fqn)
 
@@ -52,6 +53,7 @@ class Sharded:
         module right after the backend returns, so this runs at the first call)."""
         self._shard(self.root)
         self._pin_tp_activations()
+        self._pin_layer_places()
         self.root.register_forward_pre_hook(self._inputs_hook, with_kwargs=True)
         self.root.register_forward_hook(self._outputs_hook)
         self.done = True
@@ -82,16 +84,33 @@ class Sharded:
         propagation would pick on its own: outside the tp regions activations stay sharded over tp
         like the micro-batches; a column module gathers its input over tp, a row module
         reduce-scatters its partial output back to batch shards. Plain hooks: Dynamo traces them."""
-        def over_tp(x, placement):
-            if not isinstance(x, DTensor):
-                return x
-            return x.redistribute(self.mesh, [placement if r == "tp" else p for r, p in zip(self.roles, x.placements)])
         modules = dict(self.root.named_modules())
         for fqn, role in self.plan.tp_modules.items():
             if role == "col":
-                modules[fqn].register_forward_pre_hook(lambda m, args: (over_tp(args[0], Replicate()), *args[1:]))
+                modules[fqn].register_forward_pre_hook(lambda m, args: (self._over_tp(args[0], Replicate()), *args[1:]))
             else:
-                modules[fqn].register_forward_hook(lambda m, args, out: over_tp(out, Shard(0)))
+                modules[fqn].register_forward_hook(lambda m, args, out: self._over_tp(out, Shard(0)))
+
+    def _pin_layer_places(self) -> None:
+        """Where the plan computes some layers redundantly over tp ("R": the tp group's whole batch on
+        each of its ranks), each planned layer's input is moved to its layer's placement on entry:
+        gathered over tp for "R", cut back to the rank's batch shard for "S"."""
+        if not self.plan.layer_places or "tp" not in self.roles:
+            return
+        modules = dict(self.root.named_modules())
+        groups = {g for g in map(_group_of, self.plan.storage)}
+        for g in groups:
+            if g not in modules:
+                raise RuntimeError(f"colauto: the plan places layer {g!r}, which is not a module of "
+                                   f"{type(self.root).__name__}: a planner bug, please report it")
+            target = Replicate() if self.plan.layer_places.get(g, "S") == "R" else Shard(0)
+            modules[g].register_forward_pre_hook(
+                lambda m, args, target=target: (self._over_tp(args[0], target), *args[1:]) if args else args)
+
+    def _over_tp(self, x, placement):
+        if not isinstance(x, DTensor):
+            return x
+        return x.redistribute(self.mesh, [placement if r == "tp" else p for r, p in zip(self.roles, x.placements)])
 
     def _share_grads(self, original: torch.Tensor, d: DTensor, spec: list) -> None:
         """One gradient, two views: the DTensor parameter's `.grad` (what `model.parameters()` shows, so

@@ -1,32 +1,36 @@
-"""Per layer, shard its parameters over the fsdp axis or replicate them: one DP over the layers, joint
-with rematerialization.
+"""One DP over the layers: per layer, how it is parallelized; across each cut, where its activations live;
+joint with rematerialization.
 
-A sharded layer holds 1/F of its gradients and optimizer state but gathers its parameters before use
-(exposed communication); a replicated one holds everything and only all-reduces gradients (hidden
-behind backward compute while the reductions fit in it). The DP walks the layers with state = model
-memory in use (quantized upward) and value = least exposed seconds, a multiple-choice knapsack. Each
-end state leaves the rest of the budget to activations: it pays the recompute time of the cheapest
-point of the rematerialization DP's Pareto frontier that frees what does not fit. The best end state,
-traced back, is the plan. Quantization only rounds memory up, so the plan it picks fits.
+A layer's options (choose.py costs them) combine: its parameters sharded on the fsdp axis or
+replicated; tensor parallelism on or off; and the placement on the tp axis of the activations it
+reads and writes ("S": the batch sharded over tp, sequence parallelism along the batch; "R": the
+tp group's whole batch on every rank of it, computed redundantly). Moving from one placement to the
+other at a cut costs communication (`switch`). The DP walks the layers with state = (placement of the
+activation crossing the cut, memory in use, quantized upward) and value = least seconds. Each end
+state leaves the rest of the budget to activations: it pays the recompute time of the cheapest point
+of the rematerialization DP's Pareto frontier that frees what does not fit. The best end state, traced
+back, is the plan. Quantization only rounds memory up, so the plan it picks fits.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from ..analysis import layer_of
 from .plan import ParallelPlan
 
-UNITS = 4096        # memory axis length: the DP is O(layers x UNITS)
+UNITS = 4096        # memory axis length: the DP is O(layers x options x placements x UNITS)
+PLACES = ("S", "R")
 
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    state_bytes: float      # parameters, gradients, optimizer state, gathered copies
-    exposed_s: float        # communication on the critical path
+    state_bytes: float      # parameters, gradients, optimizer state, gathered copies, its activations
+    exposed_s: float        # seconds on the critical path: compute and communication
+    place: str = "S"        # tp-axis placement of the activations it reads and writes
+    key: Any = None         # what the caller needs to emit it
 
 
 def replicate(plan: ParallelPlan, fqns: list[str]) -> ParallelPlan:
@@ -38,53 +42,56 @@ def replicate(plan: ParallelPlan, fqns: list[str]) -> ParallelPlan:
     return dataclasses.replace(plan, storage=storage)
 
 
-def mix(plan: ParallelPlan, options: Callable[[ParallelPlan, list[str]], Option], fixed_bytes: float,
-        limit: float, remat: Callable[[float], float | None]) -> tuple[ParallelPlan, list[str]]:
-    """The plan with each layer sharded or replicated on the fsdp axis, and the replicated layers.
-    `options(plan, fqns)` costs those parameters under `plan`; `fixed_bytes` is the rest of the peak
-    (activations and temporaries); `remat(excess)` is the recompute seconds that free `excess` bytes,
-    None if nothing does."""
-    groups: dict[str, list[str]] = {}
-    for fqn, spec in plan.storage.items():
-        if "S" in "".join(spec):
-            groups.setdefault(layer_of(fqn), []).append(fqn)
-    names = list(groups)
-    if not names:
-        return plan, []
-    both = [(options(plan, groups[g]), options(replicate(plan, groups[g]), groups[g])) for g in names]
-    base = sum(min(s.state_bytes, r.state_bytes) for s, r in both)
-    top = sum(max(s.state_bytes, r.state_bytes) for s, r in both)
-    quantum = max((top - base) / UNITS, 1.0)
-    best = np.zeros(1)
-    choice = []                                      # per layer: True where replicating was best
-    for s, r in both:
-        shard = _shift(best, math.ceil((s.state_bytes - min(s.state_bytes, r.state_bytes)) / quantum), s.exposed_s)
-        rep = _shift(best, math.ceil((r.state_bytes - min(s.state_bytes, r.state_bytes)) / quantum), r.exposed_s)
-        n = max(len(shard), len(rep))
-        shard, rep = _pad(shard, n), _pad(rep, n)
-        choice.append(rep < shard)
-        best = np.minimum(shard, rep)
-    total = np.full(len(best), np.inf)
-    for m in np.nonzero(np.isfinite(best))[0]:
-        extra = remat(base + m * quantum + fixed_bytes - limit)
-        if extra is not None:
-            total[m] = best[m] + extra
-    if not np.isfinite(total).any():
-        return plan, []
-    m = int(np.argmin(total))
-    replicated = []
-    for g, (s, r), pick in reversed(list(zip(names, both, choice))):
-        if pick[m]:
-            replicated.append(g)
-            m -= math.ceil((r.state_bytes - min(s.state_bytes, r.state_bytes)) / quantum)
-        else:
-            m -= math.ceil((s.state_bytes - min(s.state_bytes, r.state_bytes)) / quantum)
-    return replicate(plan, [f for g in replicated for f in groups[g]]), sorted(replicated)
+def solve(options: list[list[Option]], switch: Callable[[int, str, str], float], fixed_bytes: float,
+          limit: float, remat: Callable[[np.ndarray], np.ndarray]) -> tuple[list[Option], float] | None:
+    """The option per layer minimizing total seconds (exposed + placement switches + recompute), or None
+    if nothing fits. `switch(i, a, b)` is the cost of moving layer i's input from placement a to b (the
+    input arrives in "S"); `fixed_bytes` is the rest of the peak; `remat(excess)` gives, per entry of an
+    array of byte excesses, the recompute seconds that free it (0 where not positive, inf where nothing
+    frees enough)."""
+    base = [min(o.state_bytes for o in opts) for opts in options]
+    top = sum(max(o.state_bytes for o in opts) for opts in options)
+    quantum = max((top - sum(base)) / UNITS, 1.0)
+    best = {"S": np.zeros(1)}
+    trace = []          # per layer: place -> (option index per memory, previous place index per memory)
+    for i, opts in enumerate(options):
+        new, pick, came = {}, {}, {}
+        for k, o in enumerate(opts):
+            units = math.ceil((o.state_bytes - base[i]) / quantum)
+            for prev, values in best.items():
+                cand = np.concatenate([np.full(units, np.inf), values + o.exposed_s + switch(i, prev, o.place)])
+                cur = new.get(o.place)
+                if cur is None:
+                    new[o.place] = cand
+                    pick[o.place] = np.full(len(cand), k)
+                    came[o.place] = np.full(len(cand), PLACES.index(prev))
+                    continue
+                n = max(len(cur), len(cand))
+                cur, cand = _pad(cur, n), _pad(cand, n)
+                better = cand < cur
+                new[o.place] = np.where(better, cand, cur)
+                pick[o.place] = np.where(better, k, _pad(pick[o.place], n, -1))
+                came[o.place] = np.where(better, PLACES.index(prev), _pad(came[o.place], n, -1))
+        best = new
+        trace.append((pick, came))
+    end = None
+    for place, values in best.items():
+        total = values + remat(sum(base) + np.arange(len(values)) * quantum + fixed_bytes - limit)
+        m = int(np.argmin(total))
+        if np.isfinite(total[m]) and (end is None or total[m] < end[0]):
+            end = (float(total[m]), place, m)
+    if end is None:
+        return None
+    total, place, m = end
+    chosen = []
+    for i in reversed(range(len(options))):
+        pick, came = trace[i]
+        o, prev = options[i][int(pick[place][m])], PLACES[int(came[place][m])]
+        chosen.append(o)
+        m -= math.ceil((o.state_bytes - base[i]) / quantum)
+        place = prev
+    return chosen[::-1], float(total)
 
 
-def _shift(values: np.ndarray, units: int, cost: float) -> np.ndarray:
-    return np.concatenate([np.full(units, np.inf), values + cost])
-
-
-def _pad(values: np.ndarray, n: int) -> np.ndarray:
-    return np.concatenate([values, np.full(n - len(values), np.inf)])
+def _pad(values: np.ndarray, n: int, fill=np.inf) -> np.ndarray:
+    return np.concatenate([values, np.full(n - len(values), fill, dtype=values.dtype)])

@@ -23,6 +23,9 @@ class ParallelPlan:
     storage: dict[str, tuple[str, ...]]       # parameter/buffer fqn -> placement per mesh axis
     compute: dict[str, tuple[str, ...]]
     tp_modules: dict[str, str] = dataclasses.field(default_factory=dict)   # module fqn -> "col" | "row"
+    # layers whose activations are the tp group's whole batch ("R", computed redundantly over tp); the
+    # rest are batch-sharded over tp ("S")
+    layer_places: dict[str, str] = dataclasses.field(default_factory=dict)
     predicted: dict = dataclasses.field(default_factory=dict, compare=False)   # step time, memory, comm
 
     @property
@@ -32,21 +35,28 @@ class ParallelPlan:
     def digest(self) -> str:
         """Same on every rank iff the ranks will run the same program."""
         body = json.dumps({"axes": self.axes, "storage": sorted(self.storage.items()),
-                           "compute": sorted(self.compute.items()), "tp": sorted(self.tp_modules.items())})
+                           "compute": sorted(self.compute.items()), "tp": sorted(self.tp_modules.items()),
+                           "places": sorted(self.layer_places.items())})
         return hashlib.sha1(body.encode()).hexdigest()[:16]
 
     def local_shape(self, fqn: str, shape: tuple[int, ...], coord: tuple[int, ...],
                     compute: bool = False) -> tuple[int, ...]:
         """The shard of a tensor of `shape` that the rank at mesh coordinate `coord` holds (or uses, with
         `compute`): torch.chunk sizes, ceil(n / parts) per piece, the last pieces smaller or empty."""
-        out = list(shape)
-        for (_, size), place, idx in zip(self.axes, (self.compute if compute else self.storage)[fqn], coord):
-            if place.startswith("S"):
-                d = int(place[1:])
-                piece = math.ceil(out[d] / size)
-                out[d] = max(0, min(piece, out[d] - piece * idx))
-        return tuple(out)
+        return shard_shape(self.axes, (self.compute if compute else self.storage)[fqn], shape, coord)
 
     def to_json(self) -> dict:
         return {"mesh": self.mesh_str, "digest": self.digest(), "storage": self.storage,
-                "compute": self.compute, "tp_modules": self.tp_modules, "predicted": self.predicted}
+                "compute": self.compute, "tp_modules": self.tp_modules, "layer_places": self.layer_places,
+                "predicted": self.predicted}
+
+
+def shard_shape(axes: Axes, spec: tuple[str, ...], shape: tuple[int, ...], coord: tuple[int, ...]) -> tuple[int, ...]:
+    """The piece of a tensor of `shape` with placements `spec` at mesh coordinate `coord` (torch.chunk)."""
+    out = list(shape)
+    for (_, size), place, idx in zip(axes, spec, coord):
+        if place.startswith("S"):
+            d = int(place[1:])
+            piece = math.ceil(out[d] / size)
+            out[d] = max(0, min(piece, out[d] - piece * idx))
+    return tuple(out)

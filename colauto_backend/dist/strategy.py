@@ -13,6 +13,7 @@ this rule gets wrong costs communication, never correctness.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from .. import _torch_compat as compat
 from .._torch_compat import example_int
+from ..analysis import layer_of
 from .mesh import Axes
 from .plan import ParallelPlan
 
@@ -44,6 +46,25 @@ class TPLayout:
     gathered: list[fx.Node]                # feature-sharded values a mixing op reads: all-gathered
     gathered_fraction: float               # share of the graph's activation bytes held tp-fold (gathered)
     indivisible: list[str] = dataclasses.field(default_factory=list)   # weights whose heads tp cannot split
+    layers: dict[str, "LayerIO"] = dataclasses.field(default_factory=dict)   # per layer (param_group)
+    module_groups: dict[str, str] = dataclasses.field(default_factory=dict)  # tp module -> its weight's layer
+    total_bytes: int = 0                   # the graph's activation bytes
+
+
+@dataclasses.dataclass
+class LayerIO:
+    """One layer's share of the layout, for the per-layer DP (choose.mixed)."""
+    # tp crossings its weights cause (wherever in the graph they are)
+    row_bytes: list[int] = dataclasses.field(default_factory=list)       # row outputs: reduce-scattered
+    col_bytes: list[int] = dataclasses.field(default_factory=list)       # column inputs: gathered
+    gathered_bytes: list[int] = dataclasses.field(default_factory=list)  # feature shards a mixing op reads
+    total_bytes: int = 0          # the layer's activation bytes
+    input_bytes: int = 0          # the activations the layer reads from outside it (moved at a cut)
+
+    @property
+    def held_fraction(self) -> float:
+        """Of the layer's activation bytes, the share held tp-fold under tensor parallelism."""
+        return (sum(self.col_bytes) + sum(self.gathered_bytes)) / self.total_bytes if self.total_bytes else 0.0
 
 
 def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
@@ -56,7 +77,11 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
     roles: dict[str, str] = {}
     sharded: set[fx.Node] = set()
     rows, col_inputs, gathered, indivisible = [], [], [], []
+    module_groups: dict[str, str] = {}     # module that calls a linear -> group of its weight
     calls: dict[str, str] = {}             # module that calls the linear -> "col" | "row"
+    origin: dict[fx.Node, str] = {}        # feature-sharded value -> group of the column weight behind it
+    per: dict[str, LayerIO] = {}
+    group = lambda fqn: per.setdefault(param_group(fqn), LayerIO())  # noqa: E731
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target in _LINEAR:
             x, w = n.args[0], n.args[1]
@@ -72,30 +97,68 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
                 roles.setdefault(wname, "row")
             else:
                 roles.setdefault(wname, "col")
-            calls[compat.module_path(n) or wname.rpartition(".")[0]] = roles[wname]
+            caller = compat.module_path(n) or wname.rpartition(".")[0]
+            calls[caller] = roles[wname]
+            module_groups[caller] = param_group(wname)
             if roles[wname] == "col":
                 sharded.add(n)
+                origin[n] = param_group(wname)
                 if x not in col_inputs:
                     col_inputs.append(x)
+                    group(wname).col_bytes.append(nbytes(x))
                 if bias in param_of:
                     roles[param_of[bias]] = "col_bias"
             else:
                 rows.append(n)
+                group(wname).row_bytes.append(nbytes(n))
         elif n.op in ("call_function", "call_method") and _inputs(n) & sharded:
             mixing = n.target in _MIXING or (n.op == "call_method" and n.target in _MIXING_METHODS)
             if mixing:
-                gathered.extend(a for a in _inputs(n) & sharded if a not in gathered)
+                for a in sorted(_inputs(n) & sharded, key=lambda a: a.name):
+                    if a not in gathered:
+                        gathered.append(a)
+                        per.setdefault(origin[a], LayerIO()).gathered_bytes.append(nbytes(a))
             else:
                 sharded.add(n)
+                origin[n] = next(origin[a] for a in n.all_input_nodes if a in sharded)
     total = sum(nbytes(n) for n in gm.graph.nodes if n.op != "placeholder")
     held = sum(nbytes(n) for n in col_inputs + gathered)
-    return TPLayout(roles, calls, rows, col_inputs, gathered, held / total if total else 0.0, indivisible)
+    _sizes(gm, set(param_of), per)
+    return TPLayout(roles, calls, rows, col_inputs, gathered, held / total if total else 0.0, indivisible,
+                    per, module_groups, total)
+
+
+@functools.lru_cache(maxsize=None)
+def param_group(fqn: str) -> str:
+    """The layer a parameter belongs to ('blocks.3.attn.q.weight' -> 'blocks.3', 'wte.weight' -> 'wte'),
+    as analysis.layer_of names the layer of a module."""
+    return layer_of(fqn.rpartition(".")[0])
+
+
+def _sizes(gm: fx.GraphModule, params: set[fx.Node], per: dict[str, LayerIO]) -> None:
+    """Each layer's activation bytes and the bytes it reads from outside it, by the module that made
+    each node."""
+    where = {n: _layer(n) for n in gm.graph.nodes if n.op != "placeholder"}
+    for n, layer in where.items():
+        io = per.setdefault(layer, LayerIO())
+        io.total_bytes += nbytes(n)
+        outside = [a for a in n.all_input_nodes if a not in params and where.get(a) != layer]
+        io.input_bytes = max([io.input_bytes] + [nbytes(a) for a in outside])
+
+
+def _layer(n: fx.Node) -> str:
+    if "colauto_layer" not in n.meta:
+        n.meta["colauto_layer"] = layer_of(compat.module_path(n) or "")
+    return n.meta["colauto_layer"]
 
 
 def nbytes(n: fx.Node) -> int:
-    """Bytes of a Dynamo graph node's example value (0 for non-tensors)."""
-    v = n.meta.get("example_value")
-    return math.prod(_shape(v)) * v.element_size() if isinstance(v, torch.Tensor) else 0
+    """Bytes of a Dynamo graph node's example value (0 for non-tensors); kept in the node's meta, since
+    every tp size's layout asks again."""
+    if "colauto_nbytes" not in n.meta:
+        v = n.meta.get("example_value")
+        n.meta["colauto_nbytes"] = math.prod(_shape(v)) * v.element_size() if isinstance(v, torch.Tensor) else 0
+    return n.meta["colauto_nbytes"]
 
 
 def _heads(n: fx.Node) -> int | None:
