@@ -46,6 +46,8 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
                 assert r["plan"]["tp_modules"] and r["plan"]["predicted"]["tp_off_layers"], where
             if r["run"] in WHOLE_BATCH:
                 assert r["plan"]["layer_places"], where
+            if r["run"] in PURE_TP:   # every layer with tp weights runs tensor-parallel
+                assert r["plan"]["tp_modules"] and not r["plan"]["predicted"]["tp_off_layers"], where
             assert r["grad_fallbacks"] == 0, where
             # this rank holds exactly the shard the plan says
             assert r["local_shapes"] == r["planned_shapes"], where
@@ -70,6 +72,7 @@ MIXED = ["gpt2@fsdp=2@2.2MB@nvlink-h100", "llama@fsdp=2@2.2MB@nvlink-h100"]
 # activation collectives dearer than redundant compute).
 PER_LAYER_TP = ["gpt2@fsdp=2,tp=2@none@nvlink-h100", "gpt2@tp=4@none@pcie"]
 WHOLE_BATCH = ["gpt2@tp=2"]
+PURE_TP = ["llama@tp=2"]      # at gloo costs the DP keeps tp on for every LLaMA layer that has tp weights
 # +outside: the loss is computed by the script from the returned logits (gradients averaged as by DDP);
 # +frozen: one parameter does not train.
 RUNS_2 = ["gpt2@dp=2", "gpt2@fsdp=2", "gpt2@tp=2", "gpt2@auto",
