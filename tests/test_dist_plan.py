@@ -260,3 +260,10 @@ def test_op_without_a_dtensor_rule_is_named_before_tracing():
         colauto_backend.explain(Cdist(), torch.randn(4, 8), mesh="2", device="h100")
     assert "aten._cdist_forward.default" in str(err.value) and "register_sharding" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_default_budget_leaves_headroom_on_several_devices(gpt2_124m):
+    model, inputs = gpt2_124m
+    plan = colauto_backend.explain(model, *inputs, mesh="4", device="h100")
+    device = colauto_backend.explain(model, *inputs, mesh="4", device="h100", budget=1.0)
+    assert plan.predicted["budget_bytes"] == int(device.predicted["budget_bytes"] * entry.DEFAULT_BUDGET_FRACTION)

@@ -16,6 +16,10 @@ from ..config import Config
 from . import _dtensor_rules, choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
+# Share of device memory the plan may use when COLAUTO_MEMORY_BUDGET is unset. The layer DP spends
+# what it is given (replicating layers to save communication); on 4 H200s a 13B-shape DDP step failed
+# with 3 GiB reserved but unallocated, so a whole-device default would leave too little slack.
+DEFAULT_BUDGET_FRACTION = 0.9
 SHARDED: list[emit.Sharded] = []          # the modules sharded in this process (for tests and reports)
 _COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, grad mode, inputs) -> its compiled callable
 
@@ -70,6 +74,8 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
             "runs: register one with torch.distributed.tensor.experimental.register_sharding, or run on one device")
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
+    if config.memory_budget is None:   # unset: leave room for NCCL's buffers and allocator fragmentation
+        budget = int(budget * DEFAULT_BUDGET_FRACTION)
     return choose.choose(candidates, params,
                          lambda size: strategy.tp_layout(gm, names, size), analysis, link, budget)
 
