@@ -83,6 +83,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             fused = config.codegen == "inductor"
             if fused:
                 joint = compat.inductor_joint_passes(joint)
+            if config.codegen == "triton":
+                from . import fused_loss   # local import: needs triton_kernels only when asked for
+                fused_loss.rewrite(joint)
             split = functools.partial(emit_remat.partitioner(fused), joint, joint_inputs,
                                       num_fwd_outputs=num_fwd_outputs,
                                       static_lifetime_input_indices=static_lifetime_input_indices)

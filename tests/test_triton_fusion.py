@@ -82,3 +82,22 @@ def test_bad_print_kernels_value_is_one_line(monkeypatch):
     monkeypatch.setenv("COLAUTO_PRINT_KERNELS", "yes")
     with pytest.raises(config.ConfigError, match="COLAUTO_PRINT_KERNELS='yes' is not valid"):
         config.load()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "cnn"])
+def test_cross_entropy_runs_as_the_hand_written_kernels(name, monkeypatch):
+    """aten's log_softmax + nll_loss pairs (forward and backward) become colauto::cross_entropy_fwd/bwd:
+    no [N, V] log-probabilities in either graph; training still equals eager (test above)."""
+    targets = []
+    real = fusion.fuse
+
+    def spy(gm):
+        targets.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return real(gm)
+    monkeypatch.setattr(fusion, "fuse", spy)
+    model, make = build(name)
+    torch.compile(model, backend="colauto", options={"codegen": "triton"})(*make(2, 16 if name == "cnn" else 8)).backward()
+    forward, backward = targets
+    assert "colauto.cross_entropy_fwd.default" in forward and "colauto.cross_entropy_bwd.default" in backward
+    assert "colauto.cross_entropy_fwd.default" not in backward        # lse is saved, not recomputed
+    assert not {t for t in forward | backward if "log_softmax" in t or "nll_loss" in t}

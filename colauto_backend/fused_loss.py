@@ -1,0 +1,120 @@
+"""COLAUTO_CODEGEN=triton: aten's cross-entropy pairs in the joint graph -> the hand-written kernels.
+
+aten runs a mean cross-entropy as `_log_softmax` then `nll_loss_forward`, and its backward as
+`nll_loss_backward` then `_log_softmax_backward_data`, each pair materializing an [N, V] tensor (the
+log-probabilities, saved for backward; then their gradient). `triton_kernels.cross_entropy` computes
+the loss with an online logsumexp and the gradient in one pass from the logits and the [N] logsumexp,
+so the rewrite (on the joint graph, before partitioning, so the partitioner saves logits and lse
+instead of the log-probabilities) removes both [N, V] intermediates. Only the pattern the kernels
+implement is rewritten (2-D logits, class dim 1, no weights, mean reduction); anything else is left
+to aten.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+import triton_kernels
+from triton_kernels import cross_entropy as ce
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("colauto::cross_entropy_fwd", mutates_args=())
+def cross_entropy_fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return ce.cross_entropy_forward(logits, target, ignore_index)
+
+
+@cross_entropy_fwd.register_fake
+def _(logits, target, ignore_index):
+    return logits.new_empty((), dtype=torch.float32), logits.new_empty(logits.shape[:1], dtype=torch.float32)
+
+
+@torch.library.custom_op("colauto::cross_entropy_bwd", mutates_args=())
+def cross_entropy_bwd(grad: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                      ignore_index: int) -> torch.Tensor:
+    return ce.cross_entropy_backward(grad, logits, target, lse, ignore_index)
+
+
+@cross_entropy_bwd.register_fake
+def _(grad, logits, target, lse, ignore_index):
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def rewrite(joint: fx.GraphModule) -> int:
+    """Replace every matching pair in `joint` in place; the number replaced."""
+    if not triton_kernels.available():
+        return 0            # fusion.fuse says why, once
+    done = 0
+    for lp in [n for n in joint.graph.nodes if n.target is aten._log_softmax.default]:
+        done += _replace(joint.graph, lp)
+    if done:
+        joint.graph.eliminate_dead_code()
+        joint.recompile()
+    return done
+
+
+def _replace(graph: fx.Graph, lp: fx.Node) -> int:
+    logits, dim = lp.args[0], lp.args[1]
+    logits_val = logits.meta.get("val")
+    if not isinstance(logits_val, torch.Tensor) or logits_val.dim() != 2 or dim not in (1, -1):
+        return 0
+    readers = [u for u in lp.users if u.target is not aten.detach.default]
+    fwd = [u for u in readers if u.target is aten.nll_loss_forward.default]
+    bwd = [u for u in readers if u.target is aten.nll_loss_backward.default]
+    if len(fwd) != 1 or len(readers) != len(fwd) + len(bwd) or len(bwd) > 1:
+        return 0
+    nll = fwd[0]
+    _, target, weight, reduction, ignore = nll.args
+    try:
+        ce.check(logits_val, target.meta["val"], weight=weight, reduction=reduction)
+    except triton_kernels.NotFusible:
+        return 0
+    loss, total = _items(nll)
+    grads = []
+    if bwd:   # nll_loss_backward -> _log_softmax_backward_data, whose `output` is lp through detaches
+        users = list(bwd[0].users)
+        if len(users) != 1 or users[0].target is not aten._log_softmax_backward_data.default:
+            return 0
+        grads = [bwd[0], users[0]]
+    if total is not None and any(u not in grads[:1] for u in total.users):
+        return 0
+    with graph.inserting_after(nll):
+        fused = graph.call_function(torch.ops.colauto.cross_entropy_fwd.default, (logits, target, ignore))
+        fused.meta["val"] = _fake(cross_entropy_fwd, logits_val, target.meta["val"], ignore)
+    with graph.inserting_after(fused):
+        new_loss = graph.call_function(operator.getitem, (fused, 0))
+        new_loss.meta["val"] = fused.meta["val"][0]
+        lse = graph.call_function(operator.getitem, (fused, 1))
+        lse.meta["val"] = fused.meta["val"][1]
+    out = new_loss
+    if loss is not None and loss.meta["val"].dtype != torch.float32:   # aten keeps the logits' dtype
+        with graph.inserting_after(lse):
+            out = graph.call_function(aten._to_copy.default, (new_loss,), {"dtype": loss.meta["val"].dtype})
+            out.meta["val"] = loss.meta["val"]
+    if loss is not None:
+        loss.replace_all_uses_with(out)
+    for n in (fused, new_loss, lse, out):   # the partitioner reads forward/backward tags off meta
+        n.meta.update({k: v for k, v in nll.meta.items() if k != "val"})
+    if grads:
+        nll_bwd, lsm_bwd = grads
+        with graph.inserting_after(lsm_bwd):
+            g = graph.call_function(torch.ops.colauto.cross_entropy_bwd.default, (nll_bwd.args[0], logits, target, lse, ignore))
+            g.meta.update(lsm_bwd.meta)
+        lsm_bwd.replace_all_uses_with(g)
+    return 1
+
+
+def _items(nll: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:
+    """nll_loss_forward's (loss, total_weight) getitem nodes, None where unused."""
+    items = {u.args[1]: u for u in nll.users}
+    return items.get(0), items.get(1)
+
+
+def _fake(op, *args):
+    from torch._guards import detect_fake_mode
+    mode = detect_fake_mode([a for a in args if isinstance(a, torch.Tensor)])
+    with mode:
+        return op(*args)
