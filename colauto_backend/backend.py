@@ -53,7 +53,9 @@ def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: l
     def stop(analysis: Analysis) -> None:
         got.append(analysis)
         raise _Stop()
-    quiet = dataclasses.replace(config, memory_budget=("none", 0.0), report=None)
+    # planning reads the aten graph: triton's rewrites (custom ops) are for the local SPMD graphs only
+    quiet = dataclasses.replace(config, memory_budget=("none", 0.0), report=None,
+                                codegen="aten" if config.codegen == "triton" else config.codegen)
     try:
         local_backend(quiet, stop)(gm, example_inputs)
     except _Stop:

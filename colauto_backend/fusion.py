@@ -156,14 +156,15 @@ def _custom_op(graph: fx.Graph):
             _LIB = torch.library.Library("colauto", "FRAGMENT")
         _LIB.define(f"{name}(Tensor[] inputs) -> Tensor[]")
         kernel = triton_kernels.FusedRegion(graph)
-        refused: list[str] = []
+        refused: set[tuple] = set()           # input signatures the generator refused
 
         def run(inputs):
-            if not refused:
+            signature = tuple((t.dtype, t.device, t.shape, t.stride()) for t in inputs)
+            if signature not in refused:
                 try:
                     return list(kernel(*inputs))
                 except NotFusible as exc:       # a signature the example shapes did not show
-                    refused.append(str(exc))
+                    refused.add(signature)
                     FALLBACKS[str(exc)] += 1
                     _warn_once(f"colauto: a fused region runs as aten ops: {exc}")
             return _as_list(module(*inputs))

@@ -14,9 +14,9 @@ WORKER = os.path.join(os.path.dirname(__file__), "dist", "train_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def launch(tmp_path, nproc: int, runs: list[str]) -> list[list[dict]]:
+def launch(tmp_path, nproc: int, runs: list[str], extra_env: dict | None = None) -> list[list[dict]]:
     """Per rank, the worker's results for each run."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")} | (extra_env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
            str(29500 + nproc + os.getpid() % 1000), WORKER, "--out", str(tmp_path), "--checkpoint", *runs]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
@@ -88,6 +88,13 @@ def test_two_processes_train_like_one(tmp_path):
 
 def test_four_processes_train_like_one(tmp_path):
     check(launch(tmp_path, 4, RUNS_4), RUNS_4, 4)
+
+
+def test_generated_kernels_in_distributed_graphs(tmp_path):
+    """COLAUTO_CODEGEN=triton on the SPMD graphs (Triton's interpreter on CPU): fsdp and tp layers,
+    fused regions and the hand-written cross-entropy, still equal to single-process training."""
+    runs = ["llama@fsdp=2", "llama@tp=2"]
+    check(launch(tmp_path, 2, runs, {"COLAUTO_CODEGEN": "triton", "TRITON_INTERPRET": "1"}), runs, 2)
 
 
 def test_example_script_under_torchrun_trains_like_one_process():

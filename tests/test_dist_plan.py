@@ -202,9 +202,9 @@ def test_layer_dp_equals_brute_force():
     rng = np.random.default_rng(0)
     for trial in range(300):
         n = int(rng.integers(1, 5))
-        opts = [[layers.Option(float(rng.integers(1, 60)), float(rng.integers(0, 20)), str(rng.choice(["S", "R"])))
+        opts = [[layers.Option(float(rng.integers(1, 60)), float(rng.integers(0, 20)), rng.choice(["S", "R", None]))
                  for _ in range(int(rng.integers(1, 4)))] for _ in range(n)]
-        cost = {(i, a, b): 0.0 if a == b else float(rng.integers(0, 8)) for i in range(n) for a in "SR" for b in "SR"}
+        cost = {(i, a, b): 0.0 if a == b else float(rng.integers(0, 8)) for i in range(n + 1) for a in "SR" for b in "SR"}
         fixed, limit = float(rng.integers(0, 50)), float(rng.integers(50, 250))
         frontier = sorted((float(rng.integers(0, 150)), float(rng.integers(0, 30))) for _ in range(3))
 
@@ -214,7 +214,9 @@ def test_layer_dp_equals_brute_force():
         def total(chosen):
             place, seconds = "S", 0.0
             for i, o in enumerate(chosen):
-                seconds, place = seconds + o.exposed_s + cost[(i, place, o.place)], o.place
+                to = place if o.place is None else o.place
+                seconds, place = seconds + o.exposed_s + cost[(i, place, to)], to
+            seconds += cost[(len(chosen), place, "S")]          # the output leaves batch-sharded
             return seconds + remat(sum(o.state_bytes for o in chosen) + fixed - limit)
         brute = min(total(c) for c in itertools.product(*opts))
         got = layers.solve(opts, lambda i, a, b: cost[(i, a, b)], fixed, limit,

@@ -187,10 +187,11 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
     costs = {g: layer_cost(plan, g, fqns, params, tp, single, link) for g, fqns in groups(params).items()}
     rest = single.compute_s - sum(single.layers.get(g, (0.0,))[0] for g in costs)   # layers without parameters
     compute = rest + sum(c.compute_s for c in costs.values())
-    place, switches = "S", 0.0
+    place, switches, movable = "S", 0.0, tp.movable()
     for g in costs:
-        after = plan.layer_places.get(g, "S")
+        after = plan.layer_places.get(g, "S") if g in movable else place
         switches, place = switches + switch_cost(plan, g, tp, link, place, after), after
+    switches += switch_cost(plan, list(costs)[-1], tp, link, place, "S") if costs else 0.0   # output: "S"
     reduce = sum(c.reduce_s for c in costs.values())
     comm = (sum(c.gather_s + c.tp_s for c in costs.values()) + switches
             + max(0.0, reduce - compute * single.backward_share))
@@ -228,8 +229,9 @@ def configure(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str,
     if not tp_on:
         out = dataclasses.replace(out, tp_modules={m: r for m, r in out.tp_modules.items()
                                                    if tp.module_groups.get(m) != group})
-    places = {g: p for g, p in out.layer_places.items() if g != group} | ({group: "R"} if place == "R" else {})
-    return dataclasses.replace(out, layer_places=places)
+    if place is None:
+        return out
+    return dataclasses.replace(out, layer_places=out.layer_places | {group: place})
 
 
 def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single, link: Link,
@@ -245,20 +247,20 @@ def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, sin
     everything = layers.replicate(plan, list(params)) if "fsdp" in axes else plan
     hidden = sum(param_cost(everything, f, p, link)[3] for f, p in params.items()) <= backward
     by_group = groups(params)
-    # a layer can be placed only where it is a module that made nodes of the graph (its input hook)
-    modules = {g for g, io in tp.layers.items() if io.total_bytes and g != "(top level)"}
+    movable = tp.movable()
     options = []
     for g, fqns in by_group.items():
         variants = {}
         for tp_on in ((True, False) if "tp" in axes and any(f in tp.roles for f in fqns) else (False,)):
             for shard in (True, False) if "fsdp" in axes else (True,):
-                for place in ("S", "R") if "tp" in axes and not tp_on and g in modules else ("S",):
+                for place in ("S", "R") if "tp" in axes and not tp_on and g in movable else ("S",):
                     pl = configure(plan, g, fqns, params, tp, tp_on, shard, place)
                     c = layer_cost(pl, g, fqns, params, tp, single, link)
-                    key = (tp_on, shard, place)
+                    key = (tp_on, shard, place if g in movable else None)
                     variants[(tuple(pl.storage[f] for f in fqns), tp_on, place)] = layers.Option(
                         c.state_bytes(single) + c.extra_bytes,
-                        c.compute_s + c.gather_s + c.tp_s + (0.0 if hidden else c.reduce_s), place, key)
+                        c.compute_s + c.gather_s + c.tp_s + (0.0 if hidden else c.reduce_s),
+                        place if g in movable else None, key)
         options.append(list(variants.values()))
     names = list(by_group)
     limit = math.inf if budget is None else budget * (1 - planner.HEADROOM)
@@ -270,12 +272,14 @@ def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, sin
         k = np.searchsorted(single.freed, excess)
         out = np.where(k < len(cheapest), cheapest[np.minimum(k, len(cheapest) - 1)], np.inf)
         return np.where(excess <= 0, 0.0, out)
-    solved = layers.solve(options, lambda i, a, b: switch_cost(plan, names[i], tp, link, a, b),
+    solved = layers.solve(options, lambda i, a, b: switch_cost(plan, names[min(i, len(names) - 1)], tp, link, a, b),
                           single.transient_bytes, limit, remat)
     if solved is None:
         return plan
     for g, o in zip(names, solved[0]):
         plan = configure(plan, g, by_group[g], params, tp, *o.key)
+    if "R" not in plan.layer_places.values():   # all batch-sharded: nothing to move, no hooks
+        plan = dataclasses.replace(plan, layer_places={})
     return plan
 
 
@@ -326,7 +330,7 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
         "sequential_step_time_s": None if sequential is None else sequential.time_s,
         "replicated_layers": replicated[joint],
         "tp_off_layers": _tp_off(plans[joint], params, layout(plans[joint].axes)),
-        "whole_batch_layers": sorted(plans[joint].layer_places),
+        "whole_batch_layers": sorted(g for g, p in plans[joint].layer_places.items() if p == "R"),
         "candidates": [dict(mesh=_mesh(e.axes), step_time_s=e.time_s, comm_s=e.comm_s, recompute_s=e.recompute_s,
                             memory_bytes=e.memory_bytes, fits=e.fits, replicated_layers=len(r))
                        for e, r in zip(estimates, replicated)],

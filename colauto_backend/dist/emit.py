@@ -29,7 +29,6 @@ from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .plan import ParallelPlan
-from .strategy import param_group as _group_of
 
 _OWNER: WeakIdKeyDictionary = WeakIdKeyDictionary()   # DTensor parameter -> (Sharded, fqn)
 
@@ -93,19 +92,19 @@ class Sharded:
 
     def _pin_layer_places(self) -> None:
         """Where the plan computes some layers redundantly over tp ("R": the tp group's whole batch on
-        each of its ranks), each planned layer's input is moved to its layer's placement on entry:
-        gathered over tp for "R", cut back to the rank's batch shard for "S"."""
+        each of its ranks), each placed layer's input is moved to its placement on entry (gathered over
+        tp for "R", cut back to the rank's batch shard for "S"), before any tp hook of the same module;
+        the last placed layer's output leaves batch-sharded, as the planner costs it."""
         if not self.plan.layer_places or "tp" not in self.roles:
             return
         modules = dict(self.root.named_modules())
-        groups = {g for g in map(_group_of, self.plan.storage)}
-        for g in groups:
-            if g not in modules:
-                raise RuntimeError(f"colauto: the plan places layer {g!r}, which is not a module of "
-                                   f"{type(self.root).__name__}: a planner bug, please report it")
-            target = Replicate() if self.plan.layer_places.get(g, "S") == "R" else Shard(0)
+        for g, place in self.plan.layer_places.items():
+            target = Replicate() if place == "R" else Shard(0)
             modules[g].register_forward_pre_hook(
-                lambda m, args, target=target: (self._over_tp(args[0], target), *args[1:]) if args else args)
+                lambda m, args, target=target: (self._over_tp(args[0], target), *args[1:]) if args else args,
+                prepend=True)
+        last = list(self.plan.layer_places)[-1]
+        modules[last].register_forward_hook(lambda m, args, out: self._over_tp(out, Shard(0)))
 
     def _over_tp(self, x, placement):
         if not isinstance(x, DTensor):

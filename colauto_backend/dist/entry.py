@@ -1,6 +1,7 @@
 """The distributed path of the backend: plan once on the first graph, shard, then compile SPMD graphs."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable
@@ -55,7 +56,9 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_lo
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
     from ..backend import make_backend   # local import: the backend imports this module
-    backend = make_backend(config)
+    # each rank's graphs are compiled (and rematerialized) under the budget the plan was made for
+    backend = make_backend(dataclasses.replace(config, memory_budget=(
+        "none", 0.0) if plan.predicted["budget_bytes"] is None else ("bytes", float(plan.predicted["budget_bytes"]))))
     return sharded.first_call(emit.FirstCall(root, frame, example_inputs),
                               lambda module: torch.compile(module, backend=backend))
 

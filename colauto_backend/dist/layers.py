@@ -29,7 +29,8 @@ PLACES = ("S", "R")
 class Option:
     state_bytes: float      # parameters, gradients, optimizer state, gathered copies, its activations
     exposed_s: float        # seconds on the critical path: compute and communication
-    place: str = "S"        # tp-axis placement of the activations it reads and writes
+    place: str | None = "S"  # tp-axis placement of the activations it reads and writes; None: whatever
+                             # placement reaches it (a layer that is not a module cannot be moved)
     key: Any = None         # what the caller needs to emit it
 
 
@@ -46,7 +47,7 @@ def solve(options: list[list[Option]], switch: Callable[[int, str, str], float],
           limit: float, remat: Callable[[np.ndarray], np.ndarray]) -> tuple[list[Option], float] | None:
     """The option per layer minimizing total seconds (exposed + placement switches + recompute), or None
     if nothing fits. `switch(i, a, b)` is the cost of moving layer i's input from placement a to b (the
-    input arrives in "S"); `fixed_bytes` is the rest of the peak; `remat(excess)` gives, per entry of an
+    input arrives in "S"; i = len(options): the last layer's output, which leaves in "S"); `fixed_bytes` is the rest of the peak; `remat(excess)` gives, per entry of an
     array of byte excesses, the recompute seconds that free it (0 where not positive, inf where nothing
     frees enough)."""
     base = [min(o.state_bytes for o in opts) for opts in options]
@@ -59,24 +60,26 @@ def solve(options: list[list[Option]], switch: Callable[[int, str, str], float],
         for k, o in enumerate(opts):
             units = math.ceil((o.state_bytes - base[i]) / quantum)
             for prev, values in best.items():
-                cand = np.concatenate([np.full(units, np.inf), values + o.exposed_s + switch(i, prev, o.place)])
-                cur = new.get(o.place)
+                to = prev if o.place is None else o.place
+                cand = np.concatenate([np.full(units, np.inf), values + o.exposed_s + switch(i, prev, to)])
+                cur = new.get(to)
                 if cur is None:
-                    new[o.place] = cand
-                    pick[o.place] = np.full(len(cand), k)
-                    came[o.place] = np.full(len(cand), PLACES.index(prev))
+                    new[to] = cand
+                    pick[to] = np.full(len(cand), k)
+                    came[to] = np.full(len(cand), PLACES.index(prev))
                     continue
                 n = max(len(cur), len(cand))
                 cur, cand = _pad(cur, n), _pad(cand, n)
                 better = cand < cur
-                new[o.place] = np.where(better, cand, cur)
-                pick[o.place] = np.where(better, k, _pad(pick[o.place], n, -1))
-                came[o.place] = np.where(better, PLACES.index(prev), _pad(came[o.place], n, -1))
+                new[to] = np.where(better, cand, cur)
+                pick[to] = np.where(better, k, _pad(pick[to], n, -1))
+                came[to] = np.where(better, PLACES.index(prev), _pad(came[to], n, -1))
         best = new
         trace.append((pick, came))
     end = None
-    for place, values in best.items():
-        total = values + remat(sum(base) + np.arange(len(values)) * quantum + fixed_bytes - limit)
+    for place, values in best.items():   # the output leaves in "S" (the rank's batch shard)
+        total = (values + switch(len(options), place, "S")
+                 + remat(sum(base) + np.arange(len(values)) * quantum + fixed_bytes - limit))
         m = int(np.argmin(total))
         if np.isfinite(total[m]) and (end is None or total[m] < end[0]):
             end = (float(total[m]), place, m)

@@ -23,8 +23,8 @@ class ParallelPlan:
     storage: dict[str, tuple[str, ...]]       # parameter/buffer fqn -> placement per mesh axis
     compute: dict[str, tuple[str, ...]]
     tp_modules: dict[str, str] = dataclasses.field(default_factory=dict)   # module fqn -> "col" | "row"
-    # layers whose activations are the tp group's whole batch ("R", computed redundantly over tp); the
-    # rest are batch-sharded over tp ("S")
+    # where some layer computes on the tp group's whole batch ("R", redundantly over tp): the placement
+    # of every layer emission moves ("S": batch-sharded over tp), in the model's order; empty otherwise
     layer_places: dict[str, str] = dataclasses.field(default_factory=dict)
     predicted: dict = dataclasses.field(default_factory=dict, compare=False)   # step time, memory, comm
 

@@ -50,6 +50,12 @@ class TPLayout:
     module_groups: dict[str, str] = dataclasses.field(default_factory=dict)  # tp module -> its weight's layer
     total_bytes: int = 0                   # the graph's activation bytes
 
+    def movable(self) -> set[str]:
+        """Layers whose activations a plan may place: modules that made nodes of the graph (emission
+        hooks them); a parameter group that is not one (root parameters, a weight read directly)
+        keeps whatever placement reaches it."""
+        return {g for g, io in self.layers.items() if io.total_bytes and g != "(top level)"}
+
 
 @dataclasses.dataclass
 class LayerIO:
@@ -80,6 +86,7 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
     module_groups: dict[str, str] = {}     # module that calls a linear -> group of its weight
     calls: dict[str, str] = {}             # module that calls the linear -> "col" | "row"
     origin: dict[fx.Node, str] = {}        # feature-sharded value -> group of the column weight behind it
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
     per: dict[str, LayerIO] = {}
     group = lambda fqn: per.setdefault(param_group(fqn), LayerIO())  # noqa: E731
     for n in gm.graph.nodes:
@@ -120,7 +127,8 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
                         per.setdefault(origin[a], LayerIO()).gathered_bytes.append(nbytes(a))
             else:
                 sharded.add(n)
-                origin[n] = next(origin[a] for a in n.all_input_nodes if a in sharded)
+                # the latest column output upstream (in a residual stream, the current layer's)
+                origin[n] = origin[max((a for a in n.all_input_nodes if a in sharded), key=position.get)]
     total = sum(nbytes(n) for n in gm.graph.nodes if n.op != "placeholder")
     held = sum(nbytes(n) for n in col_inputs + gathered)
     _sizes(gm, set(param_of), per)
