@@ -1,8 +1,8 @@
 """COLAUTO_CODEGEN=triton: the fusible regions of a planned aten graph, each run as one generated kernel.
 
-A region is a connected set of at least two nodes that triton_kernels lowers (pointwise ops, last-dim
-row reductions: softmax, LayerNorm, RMSNorm and their backwards); matmuls, attention, views and
-collectives stay aten. Nodes join greedily in graph order. A region becomes one call of a torch custom
+A region is a connected set of nodes that triton_kernels lowers (pointwise ops, last-dim row
+reductions: softmax, LayerNorm, RMSNorm and their backwards, and the views between them), with at
+least two that compute; matmuls, attention and collectives stay aten. Nodes join greedily in graph order. A region becomes one call of a torch custom
 op (`colauto::fused_<hash>`) placed where its last node was, so a node joins only if every outside
 reader of the region comes after it, and only if the generator can plan the grown region (checked on
 the example shapes). A region the generator refuses when it first runs falls back to its aten ops,
@@ -23,6 +23,7 @@ import triton_kernels
 from triton_kernels import NotFusible
 
 from . import _torch_compat as compat
+from .cost.flops import is_aliasing
 
 FALLBACKS = Counter()        # regions run as aten after the generator refused them at run time, by reason
 _OPS: dict[str, object] = {}  # custom op name -> op, defined once per process
@@ -65,12 +66,12 @@ def fuse(gm: fx.GraphModule) -> Fusion:
     out = Fusion()
     seen = set()
     for region in region_of.values():
-        if id(region) in seen or sum(n.target is not operator.getitem for n in region) < 2:
+        if id(region) in seen or sum(_computes(n) for n in region) < 2:
             continue
         seen.add(id(region))
         name, saved = _replace(gm, region)
         out.regions += 1
-        out.ops += sum(n.target is not operator.getitem for n in region)
+        out.ops += sum(_computes(n) for n in region)
         out.bytes_saved += saved
         out.kernels.append(name)
     gm.graph.lint()
@@ -81,6 +82,12 @@ def fuse(gm: fx.GraphModule) -> Fusion:
 def _lowerable(node: fx.Node) -> bool:
     return (node.op == "call_function" and node.target in triton_kernels.RULES
             and isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)))
+
+
+def _computes(node: fx.Node) -> bool:
+    """Not a getitem or a view: an op that writes memory when it runs as aten."""
+    return node.target is not operator.getitem and not (
+        isinstance(node.target, torch._ops.OpOverload) and is_aliasing(node.target))
 
 
 def _readers_follow(region: list[fx.Node], last: fx.Node, order: dict) -> bool:
@@ -134,7 +141,7 @@ def _replace(gm: fx.GraphModule, region: list[fx.Node]) -> tuple[str, int]:
             item = gm.graph.call_function(operator.getitem, (call, k))
             item.meta["val"] = n.meta["val"]
             n.replace_all_uses_with(item, delete_user_cb=lambda u: u not in region)
-    saved = sum(2 * _nbytes(n.meta.get("val")) for n in region if n not in outputs)
+    saved = sum(2 * _nbytes(n.meta.get("val")) for n in region if n not in outputs and _computes(n))
     for n in reversed(region):
         gm.graph.erase_node(n)
     return name, saved

@@ -273,6 +273,128 @@ def test_row_edge_shapes(shape, schedule):
           rand(*shape), tuning=ROW_TUNINGS[schedule])
 
 
+# ---- views inside a region ------------------------------------------------------------------------
+
+def meta(*tensors):
+    return [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
+
+
+def kernel_spec(fn, *inputs, tuning=SMALL):
+    """The planned spec of fn's region: it must hold no view (views are rewritten away before planning)."""
+    gm = make_fx(fn)(*inputs)
+    tk.check(gm.graph, meta(*inputs))                # what the fusion pass asks, on meta tensors
+    spec = tk.compile_region(gm.graph, inputs, tuning=tuning).launch_for(list(inputs)).spec
+    assert not {"view", "expand"} & {i.op for i in spec.instrs}
+    return spec
+
+
+VIEW_CHAINS = {    # the patterns between matmuls in GPT-2 and LLaMA: [B*T, C] <-> [B, T, C]
+    "view_gelu_tanh_view": (lambda x: F.gelu(x.view(2, 3, 40), approximate="tanh").view(6, 40), [(6, 40)]),
+    "residual_add_view_bias": (lambda x, y, b: x + y.view(2, 3, 40) + b, [(2, 3, 40), (6, 40), (40,)]),
+    "view_silu_mul_view": (lambda a, b: (F.silu(a.view(2, 3, 40)) * b.view(2, 3, 40)).view(6, 40), [(6, 40)] * 2),
+    "view_gelu_backward_view": (lambda g, x: aten.gelu_backward(g.view(2, 3, 40), x).view(6, 40),
+                                [(6, 40), (2, 3, 40)]),
+    "view_gelu_backward_tanh_view": (lambda g, x: aten.gelu_backward(g.view(2, 3, 40), x, approximate="tanh")
+                                     .view(6, 40), [(6, 40), (2, 3, 40)]),
+    "repeat_kv": (lambda k, y: k.unsqueeze(2).expand(2, 2, 2, 5, 8).clone().view(2, 4, 5, 8) * y,
+                  [(2, 2, 5, 8), (2, 4, 5, 8)]),
+    "per_row_view": (lambda x, r: x.view(2, 3, 37) * r.view(2, 3, 1).squeeze(-1).unsqueeze(-1), [(6, 37), (6,)]),
+}
+
+
+FLAT_CHAINS = {"view_gelu_tanh_view", "view_silu_mul_view", "view_gelu_backward_view", "view_gelu_backward_tanh_view"}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("chain", VIEW_CHAINS)
+def test_views_between_pointwise_ops_are_one_kernel(chain, dtype):
+    fn, shapes = VIEW_CHAINS[chain]
+    inputs = [rand(*s, dtype=dtype) for s in shapes]
+    check(fn, *inputs, dtype=dtype)
+    spec = kernel_spec(fn, *inputs)
+    if chain in FLAT_CHAINS:       # contiguous values of one numel: each read and written at the flat index
+        assert spec.ndim == 1 and all(a.dims is None for a in spec.inputs + tuple(a for _, a in spec.outputs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("schedule", ROW_TUNINGS)
+def test_view_then_last_dim_reductions(schedule, dtype):
+    """softmax after a view ([B*T, C] -> [B, T, C]) and a split of the row ([N, 40] -> [N, 4, 10]) reduce the
+    right elements; LayerNorm with a residual add through a view, its backward through views, and
+    keepdim=False reductions viewed afterwards."""
+    tuning = ROW_TUNINGS[schedule]
+    x, w, b = rand(6, 37, dtype=dtype), rand(37, dtype=dtype), rand(37, dtype=dtype)
+    check(lambda x: torch.softmax(x.view(2, 3, 37), -1).view(6, 37), x, dtype=dtype, tuning=tuning)
+    check(lambda x: torch.softmax(x.view(6, 4, 10), -1), rand(6, 40, dtype=dtype), dtype=dtype, tuning=tuning)
+    r = rand(2, 3, 37, dtype=dtype)
+    check(lambda r, y, w, b: [v.view(6, 37) if v.shape[-1] == 37 else v
+                              for v in aten.native_layer_norm(r + y.view(2, 3, 37), [37], w, b, 1e-5)],
+          r, x, w, b, dtype=dtype, tuning=tuning)
+    _, mean, rstd = layer_norm(r, w, b)
+    check(lambda g, r, m, s, w, b: aten.native_layer_norm_backward(g.view(2, 3, 37), r, [37], m, s, w, b,
+                                                                   [True, False, False])[0].view(6, 37),
+          x, r, mean, rstd, w, b, dtype=dtype, tuning=tuning)
+    check(lambda x: (x.view(2, 3, 37).sum(-1).view(6), x.view(2, 3, 37).amax(-1, keepdim=True).squeeze(-1)),
+          x, dtype=dtype, tuning=tuning)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_views_of_noncontiguous_inputs_use_their_strides(dtype):
+    """A view of a strided input splits its dims, which strides express exactly: read in place. Outputs
+    that are views keep eager's strides (here a transposed value viewed)."""
+    sliced = rand(6, 80, dtype=dtype)[:, :40]                       # rows 80 apart
+    check(lambda x: F.gelu(x.view(6, 4, 10)) * 2, sliced, dtype=dtype)
+    permuted = rand(3, 10, 2, dtype=dtype).permute(2, 0, 1)          # [2, 3, 10], strides (1, 20, 2)
+    check(lambda x: torch.sigmoid(x.reshape(6, 10)) + 1, permuted, dtype=dtype)         # clone + _unsafe_view
+    check(lambda x: torch.sigmoid(x.reshape(2, 3, 2, 5)) + 1, permuted, dtype=dtype)    # a view
+    transposed = rand(37, 6, dtype=dtype).t()
+    check(lambda x: (F.gelu(x), (F.gelu(x) + 1).view(2, 3, 37)), transposed, dtype=dtype)
+    check(lambda x, w: torch.softmax(x.reshape(12, 37) * w, -1), rand(4, 3, 37, dtype=dtype).transpose(0, 1),
+          rand(37, dtype=dtype), dtype=dtype)
+
+
+@pytest.mark.parametrize("fn, shapes, message", [
+    (lambda x: F.silu(x * 2).reshape(40, 6) + 1, [(6, 40)], r"views between shapes .* no one iteration shape"),
+    (lambda x: torch.softmax(x.view(6, 40), -1), [(6, 4, 10)], r"a view splits or merges that dim"),
+    (lambda x: x.view(6, 40).sum(-1), [(6, 4, 10)], r"a view splits or merges that dim"),
+    (lambda x: (x.view(2, 3, 20), F.gelu(x.view(2, 3, 20))), [(6, 20)], r"output 0 is a view of input 0"),
+    (lambda x: (F.gelu(x), F.gelu(x).view(2, 3, 20)), [(6, 20)], r"output 1 is a view of another output"),
+    (lambda x: x.view(2, 3, 20).view(6, 20), [(6, 20)], r"output 0 is a view of input 0"),
+    (lambda x: x.squeeze(1) - (x * 0.5), [(2, 1, 18)], r"elements do not line up"),   # x[i, 0, k] and x[j, 0, k]
+    (lambda x: x.expand(6, 2).sum(-1, keepdim=True) + 1, [(6, 1)], r"sum over a row that an expand broadcasts"),
+], ids=["6x40_as_40x6", "softmax_merged_row", "sum_merged_row", "view_of_input", "view_of_output",
+        "views_alone", "two_alignments", "sum_of_expanded_row"])
+def test_views_not_fusible(fn, shapes, message):
+    """Refused (on meta tensors too), never computed wrong: a view no iteration shape can express, a
+    reduction whose row a view splits, a region output aliasing an input or another output (the fusion
+    pass leaves that view outside the kernel, where it is free), one value read at two elements."""
+    inputs = [rand(*s) for s in shapes]
+    gm = make_fx(fn)(*inputs)
+    with pytest.raises(tk.NotFusible, match=message):
+        tk.compile_region(gm.graph, inputs)
+    with pytest.raises(tk.NotFusible, match=message):
+        tk.check(gm.graph, meta(*inputs))
+
+
+def test_fusion_pass_takes_views_into_regions():
+    """An MLP between matmuls, `addmm -> view -> gelu -> mul -> view -> addmm`, becomes one kernel
+    through its views, planned on meta tensors by the fusion pass; a lone op between views (the
+    residual add) is left to aten: a kernel would move the same bytes. The graph computes the same."""
+    from colauto_backend import fusion
+
+    def block(x, w1, b1, w2, b2):
+        h = torch.addmm(b1, x.view(6, 8), w1.t()).view(2, 3, 16)
+        return x + torch.addmm(b2, (F.gelu(h, approximate="tanh") * 0.5).view(6, 16), w2.t()).view(2, 3, 8)
+    inputs = [rand(2, 3, 8), rand(16, 8), rand(16), rand(8, 16), rand(8)]
+    gm = make_fx(block)(*inputs)
+    want = gm(*inputs)
+    done = fusion.fuse(gm)
+    assert (done.regions, done.ops) == (1, 2)          # [view, gelu, mul, view]: two ops that compute
+    left = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert not {aten.gelu.default, aten.mul.Tensor} & left and aten.add.Tensor in left
+    torch.testing.assert_close(gm(*inputs), want)
+
+
 # ---- what is not fusible --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fn, message", [

@@ -14,7 +14,7 @@ import torch
 
 from . import layout
 from .ir import Instr, NotFusible, Ref, compute_dtype, tl_type
-from .launch import Launch, allocations, returned
+from .launch import Launch, returned
 from .region import Region
 from .triton_expr import expression, name, pointers, store_value
 from .tuning import Tuning
@@ -107,4 +107,4 @@ def plan(region: Region, tuning: Tuning) -> Launch:
         values |= {f"{p}_s{d}": s for d, s in enumerate(st)}
     grid = (-(-numel // tuning.block) if region.stored else 0,)
     return Launch(spec, grid, [values[p] for p in scalar_params(spec)], {"BLOCK": tuning.block},
-                  tuning.pointwise_warps, allocations(region.stored), returned(region.outputs, region.stored))
+                  tuning.pointwise_warps, region.allocs, returned(region.outputs, region.stored))

@@ -1,7 +1,8 @@
 """An FX graph of aten ops + the tensors it runs on -> a `Region`: primitive instructions and outputs.
 
 Shapes and dtypes come from running the graph on fake tensors with the real inputs' sizes, strides,
-dtypes and devices; each node lowers through its rule in pointwise_ops or row_ops.
+dtypes and devices; each node lowers through its rule in pointwise_ops, row_ops or view_ops. A region
+with views is then re-expressed over one iteration shape without them (views.flatten).
 """
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import _triton, pointwise_ops, row_ops
+from . import _triton, pointwise_ops, row_ops, view_ops, views
 from ._triton import op_name
 from .ir import REDUCTIONS, Builder, Instr, NotFusible, Ref, prune
+from .launch import allocations
 
-RULES = {**pointwise_ops.RULES, **row_ops.RULES}
+RULES = {**pointwise_ops.RULES, **row_ops.RULES, **view_ops.RULES}
 
 
 @dataclass
@@ -25,7 +27,8 @@ class Region:
     instrs: list[Instr]
     shapes: dict[Ref, tuple[int, ...]]
     outputs: list[Ref]                 # in graph order; Ref("in", k) returns input k itself
-    stored: list[tuple[Ref, Any]]      # each computed output once, with its fake value (shape, strides, dtype)
+    stored: list[tuple[Ref, Any]]      # each computed output once, as the kernel sees it (shape, strides, dtype)
+    allocs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]   # stored outputs as eager gives them
 
     @property
     def has_reduction(self) -> bool:
@@ -73,10 +76,22 @@ def analyse(graph: fx.Graph, tensors: list[torch.Tensor]) -> Region:
             raise NotFusible(f"output {i} ({n}) is not a tensor the region computes: not fusible")
         outputs.append(ref)
     instrs, renumber = prune(b.instrs, outputs)
-    stored: dict[Ref, Any] = {}
     for n, ref in zip(out_nodes, outputs):
-        if ref.kind == "t" and renumber[ref] not in stored:
-            assert vals[n].dtype == b.dtypes[ref], f"{op_name(n.target)} lowered to {b.dtypes[ref]}"
-            stored[renumber[ref]] = vals[n]
-    shapes = {renumber.get(r, r): s for r, s in b.shapes.items() if r.kind == "in" or r in renumber}
-    return Region(list(tensors), instrs, shapes, [renumber.get(r, r) for r in outputs], list(stored.items()))
+        assert ref.kind == "in" or vals[n].dtype == b.dtypes[ref], f"{op_name(n.target)} lowered to {b.dtypes[ref]}"
+    outputs = [renumber.get(r, r) for r in outputs]
+    # an input nothing reads any more (its readers were pruned) stands in as a 0-dim tensor: no shape to fit
+    used = {a for i in instrs for a in i.args if isinstance(a, Ref)} | set(outputs)
+    tensors = [t if Ref("in", k) in used else torch.empty((), dtype=t.dtype, device="meta")
+               for k, t in enumerate(tensors)]
+    shapes = {renumber.get(r, r): s for r, s in b.shapes.items() if r in renumber}
+    shapes |= {Ref("in", k): tuple(t.shape) for k, t in enumerate(tensors)}
+    if any(i.op in views.OPS for i in instrs):
+        inputs, instrs, shapes, outputs, stored, allocs = views.flatten(
+            list(tensors), instrs, shapes, outputs, [vals[n] for n in out_nodes])
+        return Region(inputs, instrs, shapes, outputs, stored, allocs)
+    found: dict[Ref, Any] = {}
+    for n, ref in zip(out_nodes, outputs):
+        if ref.kind == "t" and ref not in found:
+            found[ref] = vals[n]
+    stored = list(found.items())
+    return Region(list(tensors), instrs, shapes, outputs, stored, allocations(stored))

@@ -15,7 +15,7 @@ import torch
 
 from . import layout
 from .ir import REDUCTIONS, Instr, NotFusible, Ref, compute_dtype, tl_type
-from .launch import Launch, allocations, returned
+from .launch import Launch, returned
 from .region import Region
 from .triton_expr import expression, operand, pointers, store_value
 from .tuning import Tuning, next_pow2
@@ -265,5 +265,5 @@ def plan(region: Region, tuning: Tuning) -> Launch:
     xblock = max(1, min(next_pow2(n_rows), tuning.row_tile // rblock))
     grid = (-(-n_rows // xblock) if region.stored else 0,)
     return Launch(spec, grid, [values[p] for p in scalar_params(spec)], {"XBLOCK": xblock, "RBLOCK": rblock},
-                  min(16, max(1, xblock * rblock // 256)), allocations(region.stored),
+                  min(16, max(1, xblock * rblock // 256)), region.allocs,
                   returned(region.outputs, region.stored))
