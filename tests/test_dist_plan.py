@@ -269,3 +269,16 @@ def test_default_budget_leaves_headroom_on_several_devices(gpt2_124m):
     plan = colauto_backend.explain(model, *inputs, mesh="4", device="h100")
     device = colauto_backend.explain(model, *inputs, mesh="4", device="h100", budget=1.0)
     assert plan.predicted["budget_bytes"] == int(device.predicted["budget_bytes"] * entry.DEFAULT_BUDGET_FRACTION)
+
+
+def test_frozen_parameters_hold_no_gradient_or_optimizer_state():
+    """A frozen embedding saves its gradient and AdamW's two moments (3x its fp32 bytes) in the plan's
+    model state, and its gradient reduction: the math, not the planner's own numbers."""
+    states = {}
+    for frozen in (False, True):
+        model, make = build("gpt2")
+        model.wte.weight.requires_grad_(not frozen)
+        plan = colauto_backend.explain(model, *make(2, 16), mesh="dp=2", device="h100")
+        states[frozen] = plan.predicted["state_bytes"]
+    wte = build("gpt2")[0].wte.weight
+    assert states[False] - states[True] == wte.numel() * wte.element_size() * 3

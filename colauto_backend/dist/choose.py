@@ -49,8 +49,8 @@ class Single:
     matmul_share: float          # of compute_s
     backward_share: float        # of compute_s
     optimizer_s: float
-    param_bytes: int
-    optimizer_ratio: float       # optimizer state bytes per parameter byte
+    trained_bytes: int           # parameters that train (have gradients and optimizer state)
+    optimizer_ratio: float       # optimizer state bytes per trained parameter byte
     transient_bytes: int         # peak less parameters, gradients and optimizer state
     freed: np.ndarray            # activation bytes each frontier point frees, ascending
     recompute_s: np.ndarray      # its recompute seconds
@@ -78,7 +78,7 @@ class Single:
             row[1] += float(t) if mm else 0.0
         return cls(compute, float(times[matmul].sum()) / compute if compute else 0.0,
                    float(times[~analysis._is_fwd].sum()) / compute if compute else 0.0, ev["est_optimizer_time_s"],
-                   ev["param_bytes"], ev["optimizer_state_bytes"] / max(ev["param_bytes"], 1),
+                   ev["grad_bytes"], ev["optimizer_state_bytes"] / max(ev["grad_bytes"], 1),
                    max(ev["peak_memory_bytes"] - persistent, ev["saved_activation_bytes"]),
                    (kept[-1] - kept)[order], frontier.time[order], {k: tuple(v) for k, v in per_layer.items()})
 
@@ -100,11 +100,14 @@ class Estimate:
         return self.compute_s + self.comm_s + self.recompute_s + self.optimizer_s
 
 
-def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link) -> tuple[float, float, float, float]:
-    """(bytes stored, bytes used in compute, gather seconds, gradient-reduction seconds) of one parameter
-    on the rank holding the largest shard (torch.chunk's first)."""
+def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link) -> tuple[float, ...]:
+    """(bytes stored, bytes used in compute, gather seconds, gradient-reduction seconds, bytes stored that
+    train) of one parameter on the rank holding the largest shard (torch.chunk's first). A frozen one
+    has no gradient to reduce and no optimizer state."""
     place = plan.layer_places.get(param_group(fqn), "S")
-    return _param_cost(plan.axes, plan.storage[fqn], plan.compute[fqn], place, tuple(p.shape), p.element_size(), link)
+    here, whole, gather, reduce = _param_cost(plan.axes, plan.storage[fqn], plan.compute[fqn], place,
+                                              tuple(p.shape), p.element_size(), link)
+    return (here, whole, gather, reduce, here) if p.requires_grad else (here, whole, gather, 0.0, 0.0)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -135,9 +138,11 @@ class LayerCost:
     compute_s: float
     tp_s: float                  # tensor-parallel activation collectives (exposed)
     extra_bytes: float           # activations held beyond the single-device graph's
+    trained: float               # of `stored`, the bytes of parameters that train
 
     def state_bytes(self, single: Single) -> float:
-        return self.stored * (2 + single.optimizer_ratio) + self.used - self.stored
+        """Parameters (gathered copies included), gradients and optimizer state."""
+        return self.used + self.trained * (1 + single.optimizer_ratio)
 
 
 def layer_cost(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str, torch.Tensor],
@@ -145,7 +150,7 @@ def layer_cost(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str
     """One layer under `plan`: its parameters' costs, its compute and activations scaled by how it runs
     (tensor-parallel with sequence parallelism: matmuls unchanged, its gathered activations held
     tp-fold; "S": as on one device; "R": the tp group's whole batch, tp-fold), and its tp collectives."""
-    c = np.sum([param_cost(plan, f, params[f], link) for f in fqns], axis=0) if fqns else np.zeros(4)
+    c = np.sum([param_cost(plan, f, params[f], link) for f in fqns], axis=0) if fqns else np.zeros(5)
     n_tp = dict(plan.axes).get("tp", 1)
     seconds, matmul = single.layers.get(group, (0.0, 0.0))
     io = tp.layers.get(group, LayerIO())
@@ -161,7 +166,7 @@ def layer_cost(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str
         compute, comm, extra = seconds * n_tp, 0.0, (n_tp - 1) * saved
     else:
         compute, comm, extra = seconds, 0.0, 0.0
-    return LayerCost(c[0], c[1], c[2], c[3], compute, comm, extra)
+    return LayerCost(c[0], c[1], c[2], c[3], compute, comm, extra, c[4])
 
 
 def switch_cost(plan: ParallelPlan, group: str, tp: TPLayout, link: Link, before: str, after: str) -> float:
@@ -174,17 +179,20 @@ def switch_cost(plan: ParallelPlan, group: str, tp: TPLayout, link: Link, before
     return link.all_reduce(b, n_tp) if after == "R" else link.all_gather(b, n_tp)
 
 
-def groups(params: dict[str, torch.Tensor]) -> dict[str, list[str]]:
-    """Parameters by layer, in the model's order."""
+def groups(params: dict[str, torch.Tensor], tp: TPLayout) -> dict[str, list[str]]:
+    """Parameters by layer: those that cannot be placed first (they keep whatever placement reaches
+    them, so their position does not matter), then the others in the order the graph runs them."""
     out: dict[str, list[str]] = {}
     for fqn in params:
         out.setdefault(param_group(fqn), []).append(fqn)
-    return out
+    movable = tp.movable()
+    rank = {g: i for i, g in enumerate(tp.order)}
+    return dict(sorted(out.items(), key=lambda kv: rank.get(kv[0], -1) if kv[0] in movable else -1))
 
 
 def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, single: Single,
              link: Link, budget: int | None) -> Estimate:
-    costs = {g: layer_cost(plan, g, fqns, params, tp, single, link) for g, fqns in groups(params).items()}
+    costs = {g: layer_cost(plan, g, fqns, params, tp, single, link) for g, fqns in groups(params, tp).items()}
     rest = single.compute_s - sum(single.layers.get(g, (0.0,))[0] for g in costs)   # layers without parameters
     compute = rest + sum(c.compute_s for c in costs.values())
     place, switches, movable = "S", 0.0, tp.movable()
@@ -195,7 +203,7 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
     reduce = sum(c.reduce_s for c in costs.values())
     comm = (sum(c.gather_s + c.tp_s for c in costs.values()) + switches
             + max(0.0, reduce - compute * single.backward_share))
-    stored = sum(c.stored for c in costs.values())
+    trained = sum(c.trained for c in costs.values())
     state = int(sum(c.state_bytes(single) for c in costs.values()))
     activations = single.transient_bytes + sum(c.extra_bytes for c in costs.values())
     s_act = activations / max(single.transient_bytes, 1)
@@ -205,7 +213,7 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
     if not fits:
         (recompute, freed), fits = _remat(single, s_act, memory - limit)
         memory = int(memory - freed)
-    optimizer = single.optimizer_s * stored / max(single.param_bytes, 1)
+    optimizer = single.optimizer_s * trained / max(single.trained_bytes, 1)
     return Estimate(plan.axes, compute, comm, recompute, optimizer, memory, state, fits, fits and memory_before <= limit)
 
 
@@ -246,7 +254,7 @@ def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, sin
     backward = single.compute_s * single.backward_share
     everything = layers.replicate(plan, list(params)) if "fsdp" in axes else plan
     hidden = sum(param_cost(everything, f, p, link)[3] for f, p in params.items()) <= backward
-    by_group = groups(params)
+    by_group = groups(params, tp)
     movable = tp.movable()
     options = []
     for g, fqns in by_group.items():
@@ -309,7 +317,7 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
         keep_uniform = e_u.fits and (not e.fits or e_u.time_s <= e.time_s)
         plans.append(u if keep_uniform else p)
         estimates.append(e_u if keep_uniform else e)
-    replicated = [_replicated(p, params) for p in plans]
+    replicated = [_replicated(p, params, layout(p.axes)) for p in plans]
     fitting = [i for i, e in enumerate(estimates) if e.fits]
     if not fitting:
         least = min(estimates, key=lambda e: e.memory_bytes)
@@ -339,12 +347,12 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
     return dataclasses.replace(plans[joint], predicted=predicted)
 
 
-def _replicated(plan: ParallelPlan, params: dict[str, torch.Tensor]) -> list[str]:
+def _replicated(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout) -> list[str]:
     """Layers the fsdp axis leaves replicated (none of their parameters sharded on it)."""
     if "fsdp" not in dict(plan.axes):
         return []
     axis = [r for r, _ in plan.axes].index("fsdp")
-    return sorted(g for g, fqns in groups(params).items()
+    return sorted(g for g, fqns in groups(params, tp).items()
                   if any(params[f].dim() for f in fqns) and all(plan.storage[f][axis] == "R" for f in fqns))
 
 

@@ -49,6 +49,7 @@ class TPLayout:
     layers: dict[str, "LayerIO"] = dataclasses.field(default_factory=dict)   # per layer (param_group)
     module_groups: dict[str, str] = dataclasses.field(default_factory=dict)  # tp module -> its weight's layer
     total_bytes: int = 0                   # the graph's activation bytes
+    order: list[str] = dataclasses.field(default_factory=list)   # layers in the order the graph runs them
 
     def movable(self) -> set[str]:
         """Layers whose activations a plan may place: modules that made nodes of the graph (emission
@@ -131,9 +132,9 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
                 origin[n] = origin[max((a for a in n.all_input_nodes if a in sharded), key=position.get)]
     total = sum(nbytes(n) for n in gm.graph.nodes if n.op != "placeholder")
     held = sum(nbytes(n) for n in col_inputs + gathered)
-    _sizes(gm, set(param_of), per)
+    order = _sizes(gm, set(param_of), per)
     return TPLayout(roles, calls, rows, col_inputs, gathered, held / total if total else 0.0, indivisible,
-                    per, module_groups, total)
+                    per, module_groups, total, order)
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,15 +144,16 @@ def param_group(fqn: str) -> str:
     return layer_of(fqn.rpartition(".")[0])
 
 
-def _sizes(gm: fx.GraphModule, params: set[fx.Node], per: dict[str, LayerIO]) -> None:
+def _sizes(gm: fx.GraphModule, params: set[fx.Node], per: dict[str, LayerIO]) -> list[str]:
     """Each layer's activation bytes and the bytes it reads from outside it, by the module that made
-    each node."""
+    each node; returns the layers in the order the graph first runs them."""
     where = {n: _layer(n) for n in gm.graph.nodes if n.op != "placeholder"}
     for n, layer in where.items():
         io = per.setdefault(layer, LayerIO())
         io.total_bytes += nbytes(n)
         outside = [a for a in n.all_input_nodes if a not in params and where.get(a) != layer]
         io.input_bytes = max([io.input_bytes] + [nbytes(a) for a in outside])
+    return list(dict.fromkeys(where.values()))
 
 
 def _layer(n: fx.Node) -> str:
