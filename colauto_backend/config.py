@@ -113,7 +113,7 @@ def _mesh(raw: str) -> tuple[tuple[str | None, int], ...] | None:
 
 
 def _comm(raw: str) -> str:
-    from .dist.comm import PRESETS, resolve   # local import: comm imports config for errors
+    from .dist.comm import resolve   # local import: comm imports config for errors
     value = raw.strip()
     resolve(value, "")                         # raises ConfigError on a bad value
     return value

@@ -133,13 +133,8 @@ def render_parallel(plan: dict) -> str:
 
 def emit_parallel(plan: dict, setting: str | None) -> None:
     """COLAUTO_REPORT for the parallel plan: printed on rank 0, or JSON next to the cost-model report."""
-    if setting is None or _rank() != 0:
-        return
-    if setting == "1":
-        print(render_parallel(plan), flush=True)
-    else:
-        with open(setting.removesuffix(".json") + ".parallel.json", "w") as f:
-            json.dump(plan, f, indent=1, default=str)
+    _emit_beside(setting, lambda: render_parallel(plan), ".parallel.json", "w",
+                 lambda: json.dumps(plan, indent=1, default=str))
 
 
 def render_fusion(data: dict) -> str:
@@ -152,10 +147,15 @@ def render_fusion(data: dict) -> str:
 
 def emit_fusion(data: dict, setting: str | None) -> None:
     """COLAUTO_REPORT for COLAUTO_CODEGEN=triton, one line per compiled graph (JSON: appended lines)."""
+    _emit_beside(setting, lambda: render_fusion(data), ".fusion.jsonl", "a", lambda: json.dumps(data) + "\n")
+
+
+def _emit_beside(setting: str | None, text, suffix: str, mode: str, body) -> None:
+    """On rank 0: print `text()` (setting "1"), or write `body()` to a file next to the JSON report."""
     if setting is None or _rank() != 0:
         return
     if setting == "1":
-        print(render_fusion(data), flush=True)
+        print(text(), flush=True)
     else:
-        with open(setting.removesuffix(".json") + ".fusion.jsonl", "a") as f:
-            f.write(json.dumps(data) + "\n")
+        with open(setting.removesuffix(".json") + suffix, mode) as f:
+            f.write(body())

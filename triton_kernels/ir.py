@@ -7,7 +7,7 @@ in lowering.py and the Triton vocabulary in triton_expr.py, and neither knows th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Union
+from typing import Callable, NamedTuple, Union
 
 import torch
 
@@ -119,3 +119,14 @@ def prune(instrs: list[Instr], roots: list[Ref]) -> tuple[list[Instr], dict[Ref,
     kept = [Instr(i.op, tuple(remap(a) for a in i.args), i.arg_dtypes, i.dtype, i.attrs)
             for j, i in enumerate(instrs) if j in live]
     return kept, renumber
+
+
+def registrar(rules: dict) -> Callable:
+    """`@lowers(*targets)`: record the decorated rule in `rules` under each aten target."""
+    def lowers(*targets) -> Callable:
+        def register(rule):
+            for t in targets:
+                rules[t] = rule
+            return rule
+        return register
+    return lowers

@@ -11,19 +11,14 @@ from typing import Callable
 
 import torch
 
-from .ir import Builder, NotFusible, Operand, Ref
+from .ir import Builder, NotFusible, Operand, Ref, registrar
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
 RULES: dict = {}
 
 
-def _lowers(*targets) -> Callable:
-    def register(rule):
-        for t in targets:
-            RULES[t] = rule
-        return rule
-    return register
+_lowers = registrar(RULES)
 
 
 def _simple(prim: str) -> Callable:

@@ -6,11 +6,9 @@ at run time), so one kernel serves every row length. Rule signature as in pointw
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
-from .ir import Builder, NotFusible, Ref
+from .ir import Builder, NotFusible, Ref, registrar
 
 aten = torch.ops.aten
 
@@ -18,12 +16,7 @@ RULES: dict = {}
 _F32 = torch.float32
 
 
-def _lowers(*targets) -> Callable:
-    def register(rule):
-        for t in targets:
-            RULES[t] = rule
-        return rule
-    return register
+_lowers = registrar(RULES)
 
 
 def _check_last(op: str, dims, rank: int) -> None:

@@ -22,7 +22,6 @@ import warnings
 import weakref
 
 import torch
-import torch.fx as fx
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.utils._pytree import tree_map
