@@ -61,7 +61,7 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
     logits_val = logits.meta.get("val")
     if not isinstance(logits_val, torch.Tensor) or logits_val.dim() != 2 or dim not in (1, -1):
         return 0
-    if logits_val.device.type != "cuda" and not triton_kernels.available().reason.startswith("Triton interpreter"):
+    if logits_val.device.type != "cuda" and not triton_kernels.interpreting():
         return 0       # compiled Triton kernels need CUDA tensors
     readers = [u for u in lp.users if u.target is not aten.detach.default]
     fwd = [u for u in readers if u.target is aten.nll_loss_forward.default]

@@ -11,6 +11,11 @@ from .region import analyse
 from .tuning import Tuning
 
 
+def interpreting() -> bool:
+    """Whether kernels run in Triton's interpreter (CPU tensors allowed) rather than compiled for CUDA."""
+    return _triton.interpreting()
+
+
 def available() -> _triton.Availability:
     """Whether generated kernels can run here; falsy with the reason when not (callers then use aten)."""
     return _triton.availability()
