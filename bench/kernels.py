@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import triton_kernels as tk      # imports Triton lazily: main sets TRITON_INTERPRET first for --dry-run
+from triton_kernels import autotune
 
 aten = torch.ops.aten
 SIZE = {"gpu": (16384, 4096), "dry": (32, 384)}      # rows x columns: 64M elements; dry: not a block multiple
@@ -126,6 +127,7 @@ def run_case(name: str, dtype: str, size, device: str, copy_gbps: float) -> dict
 
     def colauto():
         region = tk.compile_region(gm.graph, args)
+        row["launch"] = autotune.shape(region.launch_for(args))     # the block/warp shape autotune kept
         return lambda: region(*args)
 
     def compiled():
@@ -162,7 +164,7 @@ def _check(cell: dict) -> str:
 
 def markdown(result: dict) -> str:
     head = ["kernel", "dtype", "MiB moved", "colauto GB/s", "% of copy", "eager GB/s", "inductor GB/s",
-            "colauto err", "inductor err"]
+            "colauto err", "inductor err", "launch"]
     lines = [f"{result['device']}, torch {result['torch']}, triton {result['triton']}, {result['date']}; "
              f"copy_ {_num(result['copy_gbps'])} GB/s; shape {result['shape'][0]} x {result['shape'][1]}. "
              "err: max abs error vs eager (WRONG: outside tolerance).", "",
@@ -171,7 +173,7 @@ def markdown(result: dict) -> str:
         c = r["colauto"]
         lines.append("| " + " | ".join([
             r["kernel"], r["dtype"], _num(r["bytes"] / 2**20), _gbps(c), str(c.get("pct_of_copy", "")),
-            _gbps(r["eager"]), _gbps(r["inductor"]), _check(c), _check(r["inductor"])]) + " |")
+            _gbps(r["eager"]), _gbps(r["inductor"]), _check(c), _check(r["inductor"]), r.get("launch", "")]) + " |")
     errors = [f"- {r['kernel']} {r['dtype']} {cell['error']}" for r in result["rows"]
               for cell in (r["colauto"], r["eager"], r["inductor"]) if "error" in cell]
     return "\n".join(lines + ([""] + errors if errors else [])) + "\n"
@@ -182,6 +184,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--quick", action="store_true", help="bf16 only")
+    ap.add_argument("--shape", help="ROWSxCOLS on the GPU (default 16384x4096; GPT-2 124M's rows: 16384x768)")
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny sizes on CPU in Triton's interpreter: checks the script, not the speed")
     args = ap.parse_args(argv)
@@ -190,7 +193,7 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
         device, size = "cpu", SIZE["dry"]
     elif torch.cuda.is_available():
-        device, size = "cuda", SIZE["gpu"]
+        device, size = "cuda", tuple(int(n) for n in args.shape.split("x")) if args.shape else SIZE["gpu"]
     else:
         sys.exit("bench.kernels needs a CUDA GPU and found none (--dry-run checks the script on CPU)")
     import triton

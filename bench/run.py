@@ -42,7 +42,7 @@ if "colauto" not in torch._dynamo.list_backends(exclude_tags=()):
 DEFAULT_MODELS = {"cpu": "gpt2:tiny:4:64,llama:tiny:4:64",
                   "cuda": "gpt2:124m:16:1024,gpt2:355m:8:1024,llama:1b:4:1024"}
 # mode -> torch.compile options for colauto (None = whatever COLAUTO_CODEGEN says)
-COLAUTO_MODES = {"colauto": None, "colauto-aten": {"codegen": "aten"},
+COLAUTO_MODES = {"colauto": None, "colauto-aten": {"codegen": "aten"}, "colauto-triton": {"codegen": "triton"},
                  "colauto-inductor": {"codegen": "inductor"}}
 MODES = ("eager", "inductor", *COLAUTO_MODES)
 GiB = 2 ** 30
@@ -68,6 +68,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if available")
     p.add_argument("--out", help="output directory (default bench/results/<device>-<date>)")
     p.add_argument("--tag", help="name of the default output directory")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed steps, profile two more (CUDA): the top kernels by GPU time go to "
+                        "profile-<model>-<size>-<mode>.txt beside the results")
     args = p.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
@@ -182,9 +185,21 @@ def train(model, make_inputs, spec: dict, mode: str, args, compile_fn=None) -> d
         for _ in range(args.steps):
             loss = step()
         step_s, peak = (time.perf_counter() - t0) / args.steps, None
+    if getattr(args, "profile", False) and args.device == "cuda":
+        profile_kernels(step, args.out_dir / f"profile-{spec['model']}-{spec['size']}-{mode}.txt")
     tokens = spec["batch"] * spec["seq"]
     return dict(step_time_s=step_s, tokens_per_s=tokens / step_s, peak_bytes=peak, warmup_s=warmup_s,
                 loss=loss.item())
+
+
+def profile_kernels(step, path: Path) -> None:
+    """Two steps under torch.profiler: the kernels that took the most GPU time, as a table."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            step()
+        sync("cuda")
+    path.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90) + "\n")
 
 
 def run_one(spec: dict, mode: str, args) -> dict:
@@ -300,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out) if args.out else default_out(args)
     out.mkdir(parents=True, exist_ok=True)
+    args.out_dir = out
     env = environment(args, argv)
     matrix = [(spec, mode) for spec in args.models for mode in args.modes]
     rows: list[dict] = []

@@ -129,7 +129,7 @@ _FIELDS = {
     "comm": ("COLAUTO_COMM", _comm),
 }
 # Read by triton_kernels itself (a package that does not depend on this one); validated here.
-KERNEL_VARS = {"COLAUTO_CACHE_DIR": None, "COLAUTO_PRINT_KERNELS": ("0", "1")}
+KERNEL_VARS = {"COLAUTO_CACHE_DIR": None, "COLAUTO_PRINT_KERNELS": ("0", "1"), "COLAUTO_AUTOTUNE": ("0", "1")}
 ENV_VARS = tuple(var for var, _ in _FIELDS.values()) + tuple(KERNEL_VARS)
 
 

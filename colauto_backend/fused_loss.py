@@ -83,6 +83,10 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
         grads = [bwd[0], users[0]]
     if total is not None and any(u not in grads[:1] for u in total.users):
         return 0
+    narrow = _narrow_source(logits, lp, grads)
+    if narrow is not None:
+        logits, grad_casts = narrow
+        logits_val = logits.meta["val"]
     with graph.inserting_after(nll):
         fused = graph.call_function(torch.ops.colauto.cross_entropy_fwd.default, (logits, target, ignore))
         fused.meta["val"] = _fake(cross_entropy_fwd, logits_val, target.meta["val"], ignore)
@@ -105,8 +109,36 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
         with graph.inserting_after(lsm_bwd):
             g = graph.call_function(torch.ops.colauto.cross_entropy_bwd.default, (nll_bwd.args[0], logits, target, lse, ignore))
             g.meta.update(lsm_bwd.meta)
-        lsm_bwd.replace_all_uses_with(g)
+        if narrow is None:
+            lsm_bwd.replace_all_uses_with(g)
+        else:   # the gradient comes out in the narrow dtype: it replaces the casts back to it
+            g.meta["val"] = grad_casts[0].meta["val"]
+            for cast in grad_casts:
+                cast.replace_all_uses_with(g)
     return 1
+
+
+def _is_cast(node: fx.Node, dtype: torch.dtype) -> bool:
+    return (node.target is aten._to_copy.default and node.kwargs.get("dtype") == dtype
+            and set(node.kwargs) <= {"dtype", "layout", "device"})
+
+
+def _narrow_source(logits: fx.Node, lp: fx.Node, grads: list[fx.Node]) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(x, the casts of the gradient back to x's dtype) when `logits` is bf16/fp16 x upcast to fp32 for
+    this loss alone (autocast does that to cross_entropy): the kernels then read x, computing in fp32
+    as aten does, and write the gradient in x's dtype, as aten's cast of its fp32 gradient does, so
+    neither the [N, V] fp32 copy nor its fp32 gradient exists. None where any other node needs them."""
+    if not _is_cast(logits, torch.float32) or set(logits.users) != {lp}:
+        return None
+    x = logits.args[0]
+    x_val = x.meta.get("val")
+    if (not isinstance(x_val, torch.Tensor) or x_val.dtype not in (torch.bfloat16, torch.float16)
+            or x_val.device != logits.meta["val"].device):
+        return None
+    casts = list(grads[1].users) if grads else []
+    if grads and not (casts and all(_is_cast(c, x_val.dtype) for c in casts)):
+        return None
+    return x, casts
 
 
 def _items(nll: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:

@@ -101,3 +101,41 @@ def test_cross_entropy_runs_as_the_hand_written_kernels(name, monkeypatch):
     assert "colauto.cross_entropy_fwd.default" in forward and "colauto.cross_entropy_bwd.default" in backward
     assert "colauto.cross_entropy_fwd.default" not in backward        # lse is saved, not recomputed
     assert not {t for t in forward | backward if "log_softmax" in t or "nll_loss" in t}
+
+
+class _HalfHead(torch.nn.Module):
+    """bf16 logits upcast for the loss, as autocast does to cross_entropy."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 40, dtype=torch.bfloat16)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.proj(x).float(), y)
+
+
+def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch):
+    """The fp32 copy of bf16 logits and its fp32 gradient are dropped: the kernels read bf16 and write
+    the bf16 gradient; loss and gradients equal eager's (which computes in fp32 and rounds the same)."""
+    seen = []
+    real = fusion.fuse
+    monkeypatch.setattr(fusion, "fuse", lambda gm: seen.append(gm) or real(gm))
+    torch.manual_seed(0)
+    model = _HalfHead()
+    ref = _HalfHead()
+    ref.load_state_dict(model.state_dict())
+    x, y = torch.randn(12, 16, dtype=torch.bfloat16), torch.randint(0, 40, (12,))
+    loss = torch.compile(model, backend="colauto", options={"codegen": "triton"})(x, y)
+    loss.backward()
+    want = ref(x, y)
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    for p, q in zip(model.parameters(), ref.parameters()):   # the fp32 gradients' sums differ in order:
+        torch.testing.assert_close(p.grad, q.grad, rtol=1.6e-2, atol=1e-2 * q.grad.abs().max().item())  # bf16 ulps
+    assert len(seen) == 2
+    ce = [n for gm in seen for n in gm.graph.nodes if str(n.target).startswith("colauto.cross_entropy")]
+    assert len(ce) == 2 and all(n.args[0 if "fwd" in str(n.target) else 1].meta["val"].dtype == torch.bfloat16 for n in ce)
+    wide = [n for gm in seen for n in gm.graph.nodes
+            if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].shape == (12, 40)
+            and n.meta["val"].dtype == torch.float32]
+    assert not wide, f"an fp32 [N, V] tensor is still in the graphs: {wide}"

@@ -60,6 +60,12 @@ def version() -> str:
     return triton.__version__ if ok else "none"
 
 
+def do_bench(fn) -> float:
+    """Median milliseconds of fn on the current CUDA stream (a short run: launch-shape search)."""
+    triton, _ = _load()
+    return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+
+
 def load_module(path: Path, name: str) -> ModuleType:
     """Import a generated kernel file. @triton.jit reads the function's source back from the file."""
     spec = importlib.util.spec_from_file_location(name, path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -65,3 +66,17 @@ def kernel(spec: Any, emit: Callable[[Any], str]) -> Callable:
         print(f"# colauto Triton kernel {path}\n{path.read_text()}", file=sys.stderr)
     _LOADED[key] = _triton.load_module(path, f"colauto_kernel_{key}").kernel
     return _LOADED[key]
+
+
+def tuned(key: str) -> str | None:
+    """The launch shape autotune chose for `key`, if a process has saved one."""
+    path = cache_dir() / "tuned" / f"{key}.json"
+    return json.loads(path.read_text())["best"] if path.exists() else None
+
+
+def save_tuned(key: str, best: str) -> None:
+    path = cache_dir() / "tuned" / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"best": best}))
+    os.replace(tmp, path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from . import _triton, cache, pointwise, rowwise
+from . import _triton, autotune, cache, pointwise, rowwise
 from .ir import NotFusible
 from .launch import Launch
 from .region import analyse
@@ -21,9 +21,10 @@ def available() -> _triton.Availability:
     return _triton.availability()
 
 
-def compile_region(graph: fx.Graph | fx.GraphModule, example_inputs, *, tuning: Tuning = Tuning()) -> "FusedRegion":
+def compile_region(graph: fx.Graph | fx.GraphModule, example_inputs, *, tuning: Tuning | None = None) -> "FusedRegion":
     """The region's kernel for inputs like `example_inputs`, planned and loaded now, so an op that is
-    not fusible raises `NotFusible` here rather than at the first call."""
+    not fusible raises `NotFusible` here rather than at the first call. `tuning` fixes the block sizes;
+    None times a few on CUDA (autotune) and uses the defaults elsewhere."""
     ok = available()
     if not ok:
         raise RuntimeError(f"Triton kernels are unavailable: {ok.reason}")
@@ -44,7 +45,7 @@ class FusedRegion:
     input signature (dtypes, sizes, strides) is planned once; one with the same broadcast pattern and
     contiguity class reuses the same kernel."""
 
-    def __init__(self, graph: fx.Graph, tuning: Tuning = Tuning()):
+    def __init__(self, graph: fx.Graph, tuning: Tuning | None = None):
         self.graph = graph
         self.tuning = tuning
         self._launches: dict[tuple, Launch] = {}
@@ -61,7 +62,7 @@ class FusedRegion:
         return launch
 
 
-def _plan(graph: fx.Graph, tensors: list, tuning: Tuning) -> Launch:
+def _plan(graph: fx.Graph, tensors: list, tuning: Tuning | None) -> Launch:
     devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
         raise NotFusible(f"inputs on {sorted(map(str, devices))} are not fusible: a kernel runs on one device")
@@ -70,7 +71,10 @@ def _plan(graph: fx.Graph, tensors: list, tuning: Tuning) -> Launch:
                          "(or TRITON_INTERPRET=1)")
     region = analyse(graph, tensors)
     kind = rowwise if region.has_reduction else pointwise
-    launch = kind.plan(region, tuning)
-    if launch.allocs:
-        launch.kernel = cache.kernel(launch.spec, kind.emit)
+    launch = kind.plan(region, tuning or Tuning())
+    if not launch.allocs:
+        return launch
+    launch.kernel = cache.kernel(launch.spec, kind.emit)
+    if tuning is None and autotune.enabled():
+        return autotune.fastest(lambda t: kind.plan(region, t), launch.kernel, kind is rowwise, tensors)
     return launch

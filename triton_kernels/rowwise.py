@@ -265,5 +265,5 @@ def plan(region: Region, tuning: Tuning) -> Launch:
     xblock = max(1, min(next_pow2(n_rows), tuning.row_tile // rblock))
     grid = (-(-n_rows // xblock) if region.stored else 0,)
     return Launch(spec, grid, [values[p] for p in scalar_params(spec)], {"XBLOCK": xblock, "RBLOCK": rblock},
-                  min(16, max(1, xblock * rblock // 256)), region.allocs,
+                  tuning.warps_for_rows(xblock * rblock), region.allocs,
                   returned(region.outputs, region.stored))

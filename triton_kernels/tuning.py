@@ -12,12 +12,24 @@ class Tuning:
     loop_cols: int = 1024          # longer rows are walked in chunks of this many columns
     row_tile: int = 4096           # row kernels: rows x columns per program
     pointwise_warps: int = 4
+    row_warps: int = 0             # row kernels' warps; 0: one per 256 elements of the tile, at most 16
 
     def __post_init__(self):
         for name in ("block", "persistent_cols", "loop_cols", "row_tile"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"Tuning.{name}={value} is not valid: Triton blocks are powers of two")
+
+    def warps_for_rows(self, tile: int) -> int:
+        return self.row_warps or min(16, max(1, tile // 256))
+
+
+# The launch shapes a CUDA launch is timed with (autotune): around the defaults, never changing a
+# kernel's spec (persistent_cols and loop_cols stay), so every candidate runs the same source.
+POINTWISE_CANDIDATES = tuple(Tuning(block=b, pointwise_warps=w) for b, w in
+                             ((1024, 4), (512, 4), (2048, 4), (2048, 8), (4096, 8)))
+ROW_CANDIDATES = tuple(Tuning(row_tile=t, row_warps=w) for t, w in
+                       ((4096, 0), (1024, 4), (2048, 4), (4096, 8), (8192, 8), (8192, 16)))
 
 
 def next_pow2(n: int) -> int:

@@ -1,0 +1,51 @@
+"""Launch shapes timed on the GPU: for a region's first call with a new input signature on CUDA, plan
+the launch under each candidate Tuning (tuning.POINTWISE_CANDIDATES / ROW_CANDIDATES), time each with
+the real inputs and keep the fastest. Generated kernels are pure (they write only the outputs each
+call allocates), so running one several times is safe. Candidates never change the kernel's spec, so
+they share one source; each distinct block/warp choice is one more Triton compile. The winner is kept
+on disk beside the kernels (cache.tuned), keyed by the spec and the sizes, so a second process times
+nothing. COLAUTO_AUTOTUNE=0 keeps the default Tuning.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from . import _triton, cache
+from .launch import Launch
+from .tuning import POINTWISE_CANDIDATES, ROW_CANDIDATES, Tuning
+
+STATS = {"timed": 0, "from_disk": 0}
+
+
+def enabled() -> bool:
+    return os.environ.get("COLAUTO_AUTOTUNE", "1") == "1" and not _triton.interpreting()
+
+
+def fastest(plan: Callable[[Tuning], Launch], kernel: Callable, rows: bool, tensors) -> Launch:
+    """The launch, among plan(candidate) for each candidate, that runs these tensors fastest."""
+    launches = {}
+    for tuning in ROW_CANDIDATES if rows else POINTWISE_CANDIDATES:
+        launch = plan(tuning)
+        launches.setdefault(shape(launch), launch)
+    first = next(iter(launches.values()))
+    key = f"{cache.spec_key(first.spec)}-{first.scalars}"
+    best = cache.tuned(key)
+    if best is not None and best in launches:
+        STATS["from_disk"] += 1
+    else:
+        STATS["timed"] += 1
+        bench = _triton.do_bench
+        times = {}
+        for name, launch in launches.items():
+            launch.kernel = kernel
+            times[name] = bench(lambda launch=launch: launch.run(tensors))
+        best = min(times, key=times.get)
+        cache.save_tuned(key, best)
+    launch = launches[best]
+    launch.kernel = kernel
+    return launch
+
+
+def shape(launch: Launch) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(launch.constexprs.items())) + f",warps={launch.num_warps}"
