@@ -123,12 +123,13 @@ def _plans(region: list[fx.Node]) -> bool:
 
 
 def _example(val):
-    """A meta tensor with the example's sizes and strides (symbolic sizes at their hints)."""
+    """A storage-less tensor with the example's sizes, strides and device (symbolic sizes at their
+    hints): the device matters to ops whose constants name it (scalar_tensor, _to_copy)."""
     if not isinstance(val, torch.Tensor):
         return val
     size = [compat.example_int(s) for s in val.shape]
     stride = [compat.example_int(s) for s in val.stride()]
-    return torch.empty_strided(size, stride, dtype=val.dtype, device="meta")
+    return triton_kernels.example(size, stride, val.dtype, val.device)
 
 
 def _replace(gm: fx.GraphModule, region: list[fx.Node]) -> tuple[str, int]:

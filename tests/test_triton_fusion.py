@@ -139,3 +139,19 @@ def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch):
             if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].shape == (12, 40)
             and n.meta["val"].dtype == torch.float32]
     assert not wide, f"an fp32 [N, V] tensor is still in the graphs: {wide}"
+
+
+def test_regions_of_cuda_graphs_with_device_constants_are_planned_on_cuda():
+    """Planning checks a region on storage-less inputs on the graph's own device: a constant made on
+    'cuda' (scalar_tensor, _to_copy with device=) meets CUDA inputs, not meta ones (no GPU needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+    with FakeTensorMode():
+        x = torch.empty(4, 8, device="cuda", dtype=torch.bfloat16)
+        gm = make_fx(lambda x: aten.mul.Tensor(
+            aten._to_copy.default(aten.exp.default(x), dtype=torch.float32, device=x.device),
+            aten.scalar_tensor.default(0.5, dtype=torch.float32, device=x.device)))(x)
+    done = fusion.fuse(gm)
+    assert done.ops == 4 and not done.unavailable
+    assert not {aten.exp.default, aten.mul.Tensor} & {n.target for n in gm.graph.nodes}

@@ -7,9 +7,10 @@ cached on disk (see cache). Without a GPU they run in Triton's interpreter; wher
 `available()` is falsy with the reason and callers use aten.
 """
 from .cache import cache_stats
-from .compile import FusedRegion, available, check, compile_region, interpreting
+from .compile import FusedRegion, available, check, compile_region, example, interpreting
 from .ir import NotFusible
 from .region import RULES
 from .tuning import Tuning
 
-__all__ = ["FusedRegion", "NotFusible", "RULES", "Tuning", "available", "cache_stats", "check", "compile_region", "interpreting"]
+__all__ = ["FusedRegion", "NotFusible", "RULES", "Tuning", "available", "cache_stats", "check", "compile_region", "example",
+           "interpreting"]

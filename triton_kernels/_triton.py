@@ -80,6 +80,19 @@ def op_name(target) -> str:
     return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", repr(target))
 
 
+@functools.cache
+def _example_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def example(size, stride, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A storage-less tensor with these sizes, strides, dtype and device (a CUDA one too where there is
+    no GPU), for `check`: its ops see the device the region will run on, as a constant's device kwarg does."""
+    with _example_mode():
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
 def fake_values(graph: fx.Graph, inputs: list[torch.Tensor]) -> dict[fx.Node, Any]:
     """Each node's output as a fake tensor (shape, strides, dtype, device) for these inputs. Fake, not
     meta, tensors: some ops' output dtypes depend on the device (LayerNorm's mean on CPU vs CUDA)."""

@@ -33,9 +33,14 @@ def compile_region(graph: fx.Graph | fx.GraphModule, example_inputs, *, tuning: 
     return region
 
 
+def example(size, stride, dtype: torch.dtype, device) -> torch.Tensor:
+    """An input for `check` with no storage, on `device` (CUDA included, GPU or not)."""
+    return _triton.example(size, stride, dtype, torch.device(device))
+
+
 def check(graph: fx.Graph, example_inputs) -> None:
-    """Raise `NotFusible` unless the generator can plan this region for inputs like these (any device,
-    meta included: nothing is compiled or run)."""
+    """Raise `NotFusible` unless the generator can plan this region for inputs like these (any device;
+    `example` makes storage-less ones: nothing is compiled or run)."""
     region = analyse(graph, list(example_inputs))
     (rowwise if region.has_reduction else pointwise).plan(region, Tuning())
 
