@@ -69,6 +69,8 @@ KERNELS = {
     "rms_norm": (rms_norm, lambda r, n, d: [r(n, d), r(d)], "bf16 fp32"),
     "softmax_bwd": (softmax_backward, lambda r, n, d: [r(n, d), torch.softmax(r(n, d), -1)], "bf16 fp32"),
     "layer_norm_bwd": (layer_norm_backward, layer_norm_bwd_inputs, "bf16 fp32"),               # grad_input only
+    "cast_up": (lambda x: x.float(), lambda r, n, d: [r(n, d)], "bf16"),          # autocast's casts: alone
+    "cast_down": (lambda x: x.to(torch.bfloat16), lambda r, n, d: [r(n, d).float()], "bf16"),  # between matmuls
     "gelu_bwd": (lambda g, x: aten.gelu_backward(g, x, approximate="tanh"),
                  lambda r, n, d: [r(n, d), r(n, d)], "bf16 fp32"),
 }

@@ -2,7 +2,11 @@
 
 A region is a connected set of nodes that triton_kernels lowers (pointwise ops, last-dim row
 reductions: softmax, LayerNorm, RMSNorm and their backwards, and the views between them), with at
-least two that compute; matmuls, attention and collectives stay aten. Nodes join greedily in graph order. A region becomes one call of a torch custom
+least two that compute, or one op that aten runs well below a generated kernel's speed (`bench.kernels`
+on an H100): a dtype cast (aten's generic, unvectorized copy) or a LayerNorm backward; matmuls, attention and collectives stay aten. Nodes join greedily in graph order.
+LayerNorm backwards that also want weight and bias gradients (column sums, which the generator does not
+lower) are first split in two: the input gradient joins regions, the column sums stay one aten call
+with output_mask [False, ...], which computes exactly those. A region becomes one call of a torch custom
 op (`colauto::fused_<hash>`) placed where its last node was, so a node joins only if every outside
 reader of the region comes after it, and only if the generator can plan the grown region (checked on
 the example shapes). A region the generator refuses when it first runs falls back to its aten ops,
@@ -46,6 +50,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
     if not ok:
         _warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
         return Fusion(unavailable=ok.reason)
+    _split_layer_norm_backwards(gm.graph)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     region_of: dict[fx.Node, list[fx.Node]] = {}
     for node in gm.graph.nodes:
@@ -66,7 +71,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
     out = Fusion()
     seen = set()
     for region in region_of.values():
-        if id(region) in seen or sum(_computes(n) for n in region) < 2:
+        if id(region) in seen or not _worth_a_kernel(region):
             continue
         seen.add(id(region))
         name, saved = _replace(gm, region)
@@ -88,6 +93,50 @@ def _computes(node: fx.Node) -> bool:
     """Not a getitem or a view: an op that writes memory when it runs as aten."""
     return node.target is not operator.getitem and not (
         isinstance(node.target, torch._ops.OpOverload) and is_aliasing(node.target))
+
+
+def _worth_a_kernel(region: list[fx.Node]) -> bool:
+    computing = [n for n in region if _computes(n)]
+    if len(computing) >= 2:
+        return True
+    lone_but_slow_in_aten = len(computing) == 1 and (
+        _is_dtype_cast(computing[0]) or computing[0].target is torch.ops.aten.native_layer_norm_backward.default)
+    return lone_but_slow_in_aten and _plans(region)     # a region of one node was never checked
+
+
+def _is_dtype_cast(node: fx.Node) -> bool:
+    if node.target is not torch.ops.aten._to_copy.default or not isinstance(node.args[0], fx.Node):
+        return False
+    src, out = node.args[0].meta.get("val"), node.meta.get("val")
+    return isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dtype != out.dtype
+
+
+def _split_layer_norm_backwards(graph: fx.Graph) -> None:
+    """native_layer_norm_backward(..., [True, w, b]) -> one node for the input gradient (fusible) and
+    one with output_mask [False, w, b] for the weight and bias gradients; readers move to the one
+    computing what they read."""
+    nlnb = torch.ops.aten.native_layer_norm_backward.default
+    for node in [n for n in graph.nodes if n.target is nlnb]:
+        mask = list(node.args[7])
+        if not mask[0] or not (mask[1] or mask[2]) or not isinstance(node.meta.get("val"), (tuple, list)):
+            continue
+        val = node.meta["val"]
+        with graph.inserting_before(node):
+            grad_input = graph.call_function(nlnb, (*node.args[:7], [True, False, False]), dict(node.kwargs))
+            columns = graph.call_function(nlnb, (*node.args[:7], [False, *mask[1:]]), dict(node.kwargs))
+        for new, keep in ((grad_input, (0,)), (columns, (1, 2))):
+            new.meta.update(node.meta)
+            new.meta["val"] = tuple(v if i in keep else None for i, v in enumerate(val))
+        for user in list(node.users):
+            if user.target is not operator.getitem:    # only getitems read a tuple; leave anything else whole
+                break
+        else:
+            for user in list(node.users):
+                user.replace_input_with(node, grad_input if user.args[1] == 0 else columns)
+            graph.erase_node(node)
+            continue
+        graph.erase_node(grad_input)
+        graph.erase_node(columns)
 
 
 def _readers_follow(region: list[fx.Node], last: fx.Node, order: dict) -> bool:

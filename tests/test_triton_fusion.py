@@ -155,3 +155,27 @@ def test_regions_of_cuda_graphs_with_device_constants_are_planned_on_cuda():
     done = fusion.fuse(gm)
     assert done.ops == 4 and not done.unavailable
     assert not {aten.exp.default, aten.mul.Tensor} & {n.target for n in gm.graph.nodes}
+
+
+def test_layer_norm_backward_splits_so_its_input_gradient_fuses(monkeypatch):
+    """The backward's LayerNorms keep only their weight/bias column sums in aten (output_mask
+    [False, True, True]); every input gradient went into a kernel. Training equality is the test above."""
+    seen = []
+    real = fusion.fuse
+    monkeypatch.setattr(fusion, "fuse", lambda gm: seen.append(gm) or real(gm))
+    model, make = build("gpt2")
+    torch.compile(model, backend="colauto", options={"codegen": "triton"})(*make(2, 8)).backward()
+    masks = [list(n.args[7]) for n in seen[1].graph.nodes if n.target is torch.ops.aten.native_layer_norm_backward.default]
+    n_norms = sum(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    assert masks == [[False, True, True]] * n_norms
+
+
+def test_a_lone_dtype_cast_is_a_kernel_but_a_lone_other_op_is_not():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+    with FakeTensorMode():
+        x = torch.empty(4, 8, device="cuda", dtype=torch.bfloat16)
+        cast = make_fx(lambda x: aten.mm.default(aten._to_copy.default(x, dtype=torch.float32), x.new_ones(8, 8, dtype=torch.float32)))(x)
+        gelu = make_fx(lambda x: aten.mm.default(aten.gelu.default(x), x.new_ones(8, 8)))(x)
+    assert (fusion.fuse(cast).regions, fusion.fuse(gelu).regions) == (1, 0)

@@ -47,8 +47,16 @@ def spec_key(spec: Any) -> str:
     return hashlib.sha256(f"{_generator_hash()}|{_triton.version()}|{spec!r}".encode()).hexdigest()[:32]
 
 
+def kernel_name(spec: Any) -> str:
+    """What profilers show for the kernel: its kind and first distinct ops (`colauto_row_sub_mul_mean`)."""
+    kind = type(spec).__name__.removesuffix("Spec").lower()
+    ops = dict.fromkeys(i.op for i in getattr(spec, "instrs", ())) or [getattr(spec, "kind", "")]
+    return "_".join(["colauto", kind, *ops])[:64].rstrip("_")
+
+
 def kernel(spec: Any, emit: Callable[[Any], str]) -> Callable:
-    """The @triton.jit kernel for `spec`: already loaded, else from the cache dir, else generated there."""
+    """The @triton.jit kernel for `spec`: already loaded, else from the cache dir, else generated there.
+    Generators name the function `kernel`; the file names it for profilers (kernel_name)."""
     key = spec_key(spec)
     if key in _LOADED:
         _STATS["memory_hits"] += 1
@@ -60,11 +68,12 @@ def kernel(spec: Any, emit: Callable[[Any], str]) -> Callable:
         _STATS["misses"] += 1
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{key}.{os.getpid()}.tmp")
-        tmp.write_text(_HEADER + emit(spec))
+        source = emit(spec).replace("def kernel(", f"def {kernel_name(spec)}(", 1)
+        tmp.write_text(_HEADER + source)
         os.replace(tmp, path)        # atomic: a concurrent process sees the whole file or none
     if os.environ.get("COLAUTO_PRINT_KERNELS") == "1":
         print(f"# colauto Triton kernel {path}\n{path.read_text()}", file=sys.stderr)
-    _LOADED[key] = _triton.load_module(path, f"colauto_kernel_{key}").kernel
+    _LOADED[key] = getattr(_triton.load_module(path, f"colauto_kernel_{key}"), kernel_name(spec))
     return _LOADED[key]
 
 
