@@ -3,7 +3,7 @@
 A region is a connected set of nodes that triton_kernels lowers (pointwise ops, last-dim row
 reductions: softmax, LayerNorm, RMSNorm and their backwards, and the views between them), with at
 least two that compute, or one op that aten runs well below a generated kernel's speed (`bench.kernels`
-on an H100): a dtype cast (aten's generic, unvectorized copy) or a LayerNorm backward; matmuls, attention and collectives stay aten. Nodes join greedily in graph order.
+on an H100): a widening cast (aten's generic, unvectorized copy) or a LayerNorm backward; matmuls, attention and collectives stay aten. Nodes join greedily in graph order.
 LayerNorm backwards that also want weight and bias gradients (column sums, which the generator does not
 lower) are first split in two: the input gradient joins regions, the column sums stay one aten call
 with output_mask [False, ...], which computes exactly those. A region becomes one call of a torch custom
@@ -100,15 +100,17 @@ def _worth_a_kernel(region: list[fx.Node]) -> bool:
     if len(computing) >= 2:
         return True
     lone_but_slow_in_aten = len(computing) == 1 and (
-        _is_dtype_cast(computing[0]) or computing[0].target is torch.ops.aten.native_layer_norm_backward.default)
+        _is_widening_cast(computing[0]) or computing[0].target is torch.ops.aten.native_layer_norm_backward.default)
     return lone_but_slow_in_aten and _plans(region)     # a region of one node was never checked
 
 
-def _is_dtype_cast(node: fx.Node) -> bool:
+def _is_widening_cast(node: fx.Node) -> bool:
+    """bf16/fp16 -> fp32 and the like; aten's narrowing casts to bf16/fp16 are vectorized and as fast."""
     if node.target is not torch.ops.aten._to_copy.default or not isinstance(node.args[0], fx.Node):
         return False
     src, out = node.args[0].meta.get("val"), node.meta.get("val")
-    return isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dtype != out.dtype
+    return (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor)
+            and out.element_size() > src.element_size())
 
 
 def _split_layer_norm_backwards(graph: fx.Graph) -> None:
@@ -215,13 +217,15 @@ def _custom_op(graph: fx.Graph):
         kernel = triton_kernels.FusedRegion(graph)
         refused: set[tuple] = set()           # input signatures the generator refused
 
+        def signature(inputs) -> tuple:
+            return tuple((t.dtype, t.device, t.shape, t.stride()) for t in inputs)
+
         def run(inputs):
-            signature = tuple((t.dtype, t.device, t.shape, t.stride()) for t in inputs)
-            if signature not in refused:
+            if not refused or signature(inputs) not in refused:     # the per-call path: no work when none are
                 try:
                     return list(kernel(*inputs))
                 except NotFusible as exc:       # a signature the example shapes did not show
-                    refused.add(signature)
+                    refused.add(signature(inputs))
                     FALLBACKS[str(exc)] += 1
                     _warn_once(f"colauto: a fused region runs as aten ops: {exc}")
             return _as_list(module(*inputs))

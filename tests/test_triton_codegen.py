@@ -522,3 +522,18 @@ def test_autotune_keeps_the_fastest_launch_shape_and_saves_it(monkeypatch, tmp_p
     before = autotune.STATS["from_disk"]
     again = tk.compile_region(gm.graph, [x]).launch_for([x])
     assert autotune.shape(again) == second and autotune.STATS["from_disk"] == before + 1
+
+
+def test_repeat_launches_go_direct_unless_alignment_changes():
+    """After the first launch a Launch calls the compiled kernel directly (CUDA; the interpreter has no
+    compiled kernel), and goes back through Triton's JIT when an input's alignment differs from the
+    first call's (Triton specialized the kernel on it). Each call's result is checked."""
+    base = rand(2 * 37 * 5 + 1)
+    aligned, shifted = base[:37 * 5].view(5, 37), base[1:1 + 37 * 5].view(5, 37)    # 4-byte offset
+    gm = make_fx(lambda x: torch.sigmoid(x) * 3.0)(aligned)
+    region = tk.compile_region(gm.graph, [aligned], tuning=tk.Tuning(block=64))
+    launch = region.launch_for([aligned])
+    for x in (aligned, aligned, shifted, shifted, aligned):
+        torch.testing.assert_close(region(x)[0], gm(x))
+        direct = launch._direct is not None
+        assert direct == (DEVICE == "cuda") and launch._aligned == ((x.data_ptr() % 16 == 0),)

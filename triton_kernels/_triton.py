@@ -66,6 +66,17 @@ def do_bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
 
 
+def launcher(compiled, grid):
+    """A direct launcher for `compiled` (what `kernel[grid](...)` returned) over `grid`: it skips the
+    JIT's per-call argument binding and cache lookup, the bulk of Triton's launch cost. It takes every
+    kernel argument in order, constexprs included (Triton >= 3.3 launchers ignore those), and is only
+    valid for arguments that specialize as the first call's did (see compile.Launch). None where there
+    is nothing to launch directly (the interpreter returns no compiled kernel)."""
+    if compiled is None or not hasattr(compiled, "run") or interpreting():
+        return None
+    return compiled[tuple(grid) + (1,) * (3 - len(grid))]
+
+
 def load_module(path: Path, name: str) -> ModuleType:
     """Import a generated kernel file. @triton.jit reads the function's source back from the file."""
     spec = importlib.util.spec_from_file_location(name, path)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import _triton
 from .ir import Ref
 
 
@@ -21,12 +22,22 @@ class Launch:
     allocs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]   # stored outputs: shape, strides, dtype
     outputs: list[Ref]                          # returned: Ref("in", k) = input k, Ref("out", m) = stored m
     kernel: Callable | None = field(default=None)
+    # After the first launch: the compiled kernel's direct launcher, and which inputs were 16-byte
+    # aligned then (Triton specializes pointers on it; sizes and strides are fixed per Launch already).
+    _direct: Callable | None = field(default=None, repr=False)
+    _aligned: tuple[bool, ...] = field(default=(), repr=False)
 
     def run(self, tensors) -> tuple[torch.Tensor, ...]:
         device = tensors[0].device
         outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype in self.allocs]
         if self.grid[0]:
-            self.kernel[self.grid](*tensors, *outs, *self.scalars, **self.constexprs, num_warps=self.num_warps)
+            aligned = tuple(t.data_ptr() % 16 == 0 for t in tensors)
+            if self._direct is not None and aligned == self._aligned:
+                self._direct(*tensors, *outs, *self.scalars, *self.constexprs.values())
+            else:
+                compiled = self.kernel[self.grid](*tensors, *outs, *self.scalars, **self.constexprs,
+                                                  num_warps=self.num_warps)
+                self._direct, self._aligned = _triton.launcher(compiled, self.grid), aligned
         return tuple(tensors[r.index] if r.kind == "in" else outs[r.index] for r in self.outputs)
 
 
