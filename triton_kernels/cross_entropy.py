@@ -6,7 +6,7 @@ Forward: one program per row walks the row in BLOCK-column chunks with an online
 (logsumexp in one pass, each logit read once), then loads the target's logit:
     lse_i = logsumexp(logits[i]),  loss_i = lse_i - logits[i, target_i]   (0 for ignored rows)
     loss  = sum(loss_i) / count,   count = number of rows whose target != ignore_index
-Backward: one program per row, one pass over the row, each gradient element written once:
+Backward: one program per row and BLOCK columns, each gradient element read and written once:
     grad[i, j] = (exp(logits[i, j] - lse_i) - [j == target_i]) * grad_loss / count   (0 for ignored rows)
 
 Semantics are aten's for weight=None, reduction='mean', label_smoothing=0, 2-D logits [N, V] with
@@ -70,10 +70,10 @@ _BACKWARD = '''
 @triton.jit
 def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, n_cols, row_stride,
            ignore_index, BLOCK: tl.constexpr):
+    # one program per (row, BLOCK columns): no loop, so every program's loads are independent
     row = tl.program_id(0).to(tl.int64)
-    src = logits_ptr + row * row_stride
-    dst = grad_ptr + row * n_cols
-    cols = tl.arange(0, BLOCK)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_row = offs < n_cols
     target = tl.load(target_ptr + row).to(tl.int64)
     valid = target != ignore_index
     in_range = (target >= 0) & (target < n_cols)
@@ -81,13 +81,10 @@ def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, 
     scale = tl.load(grad_loss_ptr).to(tl.float32) / tl.load(count_ptr).to(tl.float32)
     scale = tl.where(in_range, scale, float("nan"))
     n_read = tl.where(valid, n_cols, 0)     # ignored rows read nothing
-    for start in range(0, n_cols, BLOCK):
-        offs = start + cols
-        in_row = offs < n_cols
-        x = tl.load(src + offs, mask=offs < n_read, other=0.0).to(tl.float32)
-        g = (tl.exp(x - lse) - tl.where(offs == target, 1.0, 0.0)) * scale
-        g = tl.where(valid, g, 0.0)        # ignored rows: 0 even where lse or scale is not finite
-        tl.store(dst + offs, g.to(grad_ptr.dtype.element_ty), mask=in_row)
+    x = tl.load(logits_ptr + row * row_stride + offs, mask=offs < n_read, other=0.0).to(tl.float32)
+    g = (tl.exp(x - lse) - tl.where(offs == target, 1.0, 0.0)) * scale
+    g = tl.where(valid, g, 0.0)        # ignored rows: 0 even where lse or scale is not finite
+    tl.store(grad_ptr + row * n_cols + offs, g.to(grad_ptr.dtype.element_ty), mask=in_row)
 '''
 
 
@@ -95,7 +92,7 @@ def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, 
 class CrossEntropySpec:
     """The cache key of one of the two fixed kernels (block sizes are launch-time constants)."""
     kind: str           # "forward" or "backward"
-    version: int = 1
+    version: int = 2
 
 
 def _emit(spec: CrossEntropySpec) -> str:
@@ -181,7 +178,7 @@ def cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target
     if n_rows:
         block, warps = _launch_config(n_cols, block)
         grad_loss = torch.as_tensor(grad_loss, device=logits.device).reshape(())
-        _kernel("backward")[(n_rows,)](logits, target.contiguous(), lse.contiguous(), grad_loss,
+        _kernel("backward")[(n_rows, -(-n_cols // block))](logits, target.contiguous(), lse.contiguous(), grad_loss,
                                        count.reshape(()), grad, n_cols, logits.stride(0), ignore_index,
                                        BLOCK=block, num_warps=warps)
     return grad
