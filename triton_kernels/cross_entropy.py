@@ -38,37 +38,20 @@ MAX_BLOCK = 4096           # columns per chunk on CUDA: 13 chunks for V=50257
 _REDUCTIONS = {1: "mean", 0: "none", 2: "sum"}    # aten's reduction enum (torch.nn._reduction)
 
 
-# Rows of a [N, V] tensor start wherever N * V puts them: with V = 50257 most rows are not 16-byte
-# aligned, and Triton then loads element by element. With ALIGNED (the host checks: contiguous logits
-# at a 16-byte-aligned address) a row is walked from the aligned address at or before its start, `lead`
-# elements early, with the columns masked to the row, so every load and store is a full vector.
-_ROW_START = '''
-    if ALIGNED:
-        start = row * n_cols
-        lead = start % VEC
-        base = tl.multiple_of(start - lead, VEC)
-        out_base = base
-    else:
-        lead = 0
-        base = row * row_stride
-        out_base = row * n_cols
-'''
-
 _FORWARD = '''
 @triton.jit
 def kernel(logits_ptr, target_ptr, loss_ptr, lse_ptr, n_cols, row_stride, ignore_index,
-           BLOCK: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr):
+           BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-''' + _ROW_START + '''
+    src = logits_ptr + row * row_stride
     cols = tl.arange(0, BLOCK)
     # online logsumexp: running max m and sum s of exp(x - m), rescaled when m grows; a chunk of all
     # -inf (or the start) keeps the shift at 0 so that no -inf - -inf appears
     m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-    for start_col in range(0, n_cols + lead, BLOCK):
-        offs = start_col + cols
-        col = offs - lead
-        x = tl.load(logits_ptr + base + offs, mask=(col >= 0) & (col < n_cols), other=float("-inf")).to(tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        x = tl.load(src + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
@@ -77,7 +60,7 @@ def kernel(logits_ptr, target_ptr, loss_ptr, lse_ptr, n_cols, row_stride, ignore
     target = tl.load(target_ptr + row).to(tl.int64)
     valid = target != ignore_index
     in_range = (target >= 0) & (target < n_cols)
-    x_target = tl.load(logits_ptr + base + lead + target, mask=valid & in_range, other=0.0).to(tl.float32)
+    x_target = tl.load(src + target, mask=valid & in_range, other=0.0).to(tl.float32)
     loss = tl.where(valid, tl.where(in_range, lse - x_target, float("nan")), 0.0)
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, lse)
@@ -86,13 +69,11 @@ def kernel(logits_ptr, target_ptr, loss_ptr, lse_ptr, n_cols, row_stride, ignore
 _BACKWARD = '''
 @triton.jit
 def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, n_cols, row_stride,
-           ignore_index, BLOCK: tl.constexpr, ALIGNED: tl.constexpr, VEC: tl.constexpr):
+           ignore_index, BLOCK: tl.constexpr):
     # one program per (row, BLOCK columns): no loop, so every program's loads are independent
     row = tl.program_id(0).to(tl.int64)
-''' + _ROW_START + '''
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    col = offs - lead
-    in_row = (col >= 0) & (col < n_cols)
+    in_row = offs < n_cols
     target = tl.load(target_ptr + row).to(tl.int64)
     valid = target != ignore_index
     in_range = (target >= 0) & (target < n_cols)
@@ -100,10 +81,10 @@ def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, 
     scale = tl.load(grad_loss_ptr).to(tl.float32) / tl.load(count_ptr).to(tl.float32)
     scale = tl.where(in_range, scale, float("nan"))
     n_read = tl.where(valid, n_cols, 0)     # ignored rows read nothing
-    x = tl.load(logits_ptr + base + offs, mask=(col >= 0) & (col < n_read), other=0.0).to(tl.float32)
-    g = (tl.exp(x - lse) - tl.where(col == target, 1.0, 0.0)) * scale
+    x = tl.load(logits_ptr + row * row_stride + offs, mask=offs < n_read, other=0.0).to(tl.float32)
+    g = (tl.exp(x - lse) - tl.where(offs == target, 1.0, 0.0)) * scale
     g = tl.where(valid, g, 0.0)        # ignored rows: 0 even where lse or scale is not finite
-    tl.store(grad_ptr + out_base + offs, g.to(grad_ptr.dtype.element_ty), mask=in_row)
+    tl.store(grad_ptr + row * n_cols + offs, g.to(grad_ptr.dtype.element_ty), mask=in_row)
 '''
 
 
@@ -111,7 +92,7 @@ def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, 
 class CrossEntropySpec:
     """The cache key of one of the two fixed kernels (block sizes are launch-time constants)."""
     kind: str           # "forward" or "backward"
-    version: int = 3
+    version: int = 2
 
 
 def _emit(spec: CrossEntropySpec) -> str:
@@ -153,13 +134,6 @@ def _launch_config(n_cols: int, block: int | None) -> tuple[int, int]:
     return block, 8 if block >= 2048 else 4
 
 
-def _alignment(logits: torch.Tensor) -> dict:
-    """The kernels' ALIGNED and VEC constants for these logits (see _ROW_START)."""
-    vec = 16 // logits.element_size()
-    aligned = logits.is_contiguous() and logits.data_ptr() % 16 == 0
-    return {"ALIGNED": aligned, "VEC": vec}
-
-
 def _rows(logits: torch.Tensor) -> torch.Tensor:
     """Logits whose columns are contiguous; rows may have any stride (a slice of a wider tensor)."""
     return logits if logits.stride(1) == 1 or logits.shape[1] == 1 else logits.contiguous()
@@ -183,7 +157,7 @@ def cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     if n_rows:
         block, warps = _launch_config(n_cols, block)
         _kernel("forward")[(n_rows,)](logits, target.contiguous(), losses, lse, n_cols, logits.stride(0),
-                                      ignore_index, BLOCK=block, num_warps=warps, **_alignment(logits))
+                                      ignore_index, BLOCK=block, num_warps=warps)
     return losses.sum() / valid_count(target, ignore_index), lse
 
 
@@ -204,10 +178,9 @@ def cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target
     if n_rows:
         block, warps = _launch_config(n_cols, block)
         grad_loss = torch.as_tensor(grad_loss, device=logits.device).reshape(())
-        column_blocks = -(-(n_cols + 16 // logits.element_size() - 1) // block)     # room for the lead
-        _kernel("backward")[(n_rows, column_blocks)](logits, target.contiguous(), lse.contiguous(), grad_loss,
+        _kernel("backward")[(n_rows, -(-n_cols // block))](logits, target.contiguous(), lse.contiguous(), grad_loss,
                                        count.reshape(()), grad, n_cols, logits.stride(0), ignore_index,
-                                       BLOCK=block, num_warps=warps, **_alignment(logits))
+                                       BLOCK=block, num_warps=warps)
     return grad
 
 
