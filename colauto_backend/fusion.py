@@ -2,8 +2,9 @@
 
 A region is a connected set of nodes that triton_kernels lowers (pointwise ops, last-dim row
 reductions: softmax, LayerNorm, RMSNorm and their backwards, and the views between them), with at
-least two that compute, or one op that aten runs well below a generated kernel's speed (`bench.kernels`
-on an H100): a widening cast (aten's generic, unvectorized copy) or a LayerNorm backward; matmuls, attention and collectives stay aten. Nodes join greedily in graph order.
+least two that compute, or a lone LayerNorm backward (aten's runs at ~60% of copy bandwidth, a generated
+one at ~90%, per `bench.kernels` on an H100, a gain larger than a kernel call's CPU cost; a lone cast
+is not: the H100 profiles of GPT-2 355M showed the step waiting on the CPU); matmuls, attention and collectives stay aten. Nodes join greedily in graph order.
 LayerNorm backwards that also want weight and bias gradients (column sums, which the generator does not
 lower) are first split in two: the input gradient joins regions, the column sums stay one aten call
 with output_mask [False, ...], which computes exactly those. A region becomes one call of a torch custom
@@ -99,18 +100,8 @@ def _worth_a_kernel(region: list[fx.Node]) -> bool:
     computing = [n for n in region if _computes(n)]
     if len(computing) >= 2:
         return True
-    lone_but_slow_in_aten = len(computing) == 1 and (
-        _is_widening_cast(computing[0]) or computing[0].target is torch.ops.aten.native_layer_norm_backward.default)
+    lone_but_slow_in_aten = len(computing) == 1 and computing[0].target is torch.ops.aten.native_layer_norm_backward.default
     return lone_but_slow_in_aten and _plans(region)     # a region of one node was never checked
-
-
-def _is_widening_cast(node: fx.Node) -> bool:
-    """bf16/fp16 -> fp32 and the like; aten's narrowing casts to bf16/fp16 are vectorized and as fast."""
-    if node.target is not torch.ops.aten._to_copy.default or not isinstance(node.args[0], fx.Node):
-        return False
-    src, out = node.args[0].meta.get("val"), node.meta.get("val")
-    return (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor)
-            and out.element_size() > src.element_size())
 
 
 def _split_layer_norm_backwards(graph: fx.Graph) -> None:

@@ -190,3 +190,23 @@ def test_unsupported_arguments_are_refused():
         cross_entropy_forward(logits.reshape(2, 2, 100), target)
     with pytest.raises(NotFusible, match="target"):
         cross_entropy_forward(logits, target.float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["rows_start_off_vector", "base_off_vector"])
+def test_rows_that_do_not_start_on_a_vector(dtype, layout):
+    """V = 1003: most rows start mid-vector; and a contiguous tensor whose own address is off a
+    16-byte boundary. Both against the fp64 reference."""
+    n, v = 29, 1003
+    flat = (torch.randn(n * v + 1, device=DEVICE) * 3.0).to(dtype)
+    logits = flat[:n * v].view(n, v) if layout == "rows_start_off_vector" else flat[1:].view(n, v)
+    assert logits.is_contiguous() and (logits.data_ptr() % 16 == 0) == (layout == "rows_start_off_vector")
+    target = torch.randint(0, v, (n,), device=DEVICE)
+    target[3] = -100
+    want_loss, want_grad = reference(logits, target)
+    x = logits.clone() if layout == "rows_start_off_vector" else logits
+    x = x.detach().requires_grad_()
+    loss = cross_entropy(x, target, block=BLOCK)
+    loss.backward()
+    torch.testing.assert_close(loss.double(), want_loss, **LOSS_TOL[dtype])
+    torch.testing.assert_close(x.grad.double(), want_grad, **GRAD_TOL[dtype])

@@ -170,7 +170,7 @@ def test_layer_norm_backward_splits_so_its_input_gradient_fuses(monkeypatch):
     assert masks == [[False, True, True]] * n_norms
 
 
-def test_a_lone_widening_cast_is_a_kernel_but_a_lone_other_op_is_not():
+def test_a_lone_cast_or_other_op_is_no_kernel():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     aten = torch.ops.aten
@@ -180,5 +180,5 @@ def test_a_lone_widening_cast_is_a_kernel_but_a_lone_other_op_is_not():
         widening = make_fx(lambda x: aten.mm.default(aten._to_copy.default(x, dtype=torch.float32), x.new_ones(8, 8, dtype=torch.float32)))(x)
         narrowing = make_fx(lambda y: aten.mm.default(aten._to_copy.default(y, dtype=torch.bfloat16), y.new_ones(8, 8, dtype=torch.bfloat16)))(y)
         gelu = make_fx(lambda x: aten.mm.default(aten.gelu.default(x), x.new_ones(8, 8)))(x)
-    # aten's casts to a narrower dtype are vectorized and as fast as a kernel: only widening ones go
-    assert [fusion.fuse(g).regions for g in (widening, narrowing, gelu)] == [1, 0, 0]
+    # a kernel call costs more CPU time than it saves GPU time on one op (LayerNorm backward aside)
+    assert [fusion.fuse(g).regions for g in (widening, narrowing, gelu)] == [0, 0, 0]
