@@ -69,6 +69,9 @@ KERNELS = {
     "rms_norm": (rms_norm, lambda r, n, d: [r(n, d), r(d)], "bf16 fp32"),
     "softmax_bwd": (softmax_backward, lambda r, n, d: [r(n, d), torch.softmax(r(n, d), -1)], "bf16 fp32"),
     "layer_norm_bwd": (layer_norm_backward, layer_norm_bwd_inputs, "bf16 fp32"),               # grad_input only
+    "bias_grad": (lambda g: aten.sum.dim_IntList(g, [0]), lambda r, n, d: [r(n, d)], "bf16 fp32"),  # column sum
+    "layer_norm_wgrad": (lambda g, x, mean, rstd, w: aten.native_layer_norm_backward(           # column sums
+        g, x, [x.shape[-1]], mean, rstd, w, w, [False, True, True])[1:], layer_norm_bwd_inputs, "fp32"),
     "cast_up": (lambda x: x.float(), lambda r, n, d: [r(n, d)], "bf16"),          # autocast's casts: alone
     "cast_down": (lambda x: x.to(torch.bfloat16), lambda r, n, d: [r(n, d).float()], "bf16"),  # between matmuls
     "gelu_bwd": (lambda g, x: aten.gelu_backward(g, x, approximate="tanh"),

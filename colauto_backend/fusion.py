@@ -2,12 +2,13 @@
 
 A region is a connected set of nodes that triton_kernels lowers (pointwise ops, last-dim row
 reductions: softmax, LayerNorm, RMSNorm and their backwards, and the views between them), with at
-least two that compute, or a lone LayerNorm backward (aten's runs at ~60% of copy bandwidth, a generated
-one at ~90%, per `bench.kernels` on an H100, a gain larger than a kernel call's CPU cost; a lone cast
-is not: the H100 profiles of GPT-2 355M showed the step waiting on the CPU); matmuls, attention and collectives stay aten. Nodes join greedily in graph order.
-LayerNorm backwards that also want weight and bias gradients (column sums, which the generator does not
-lower) are first split in two: the input gradient joins regions, the column sums stay one aten call
-with output_mask [False, ...], which computes exactly those. A region becomes one call of a torch custom
+least two that compute, or a lone op aten runs slowly (LayerNorm backward, sums: `_SLOW_IN_ATEN`; a
+lone cast is not worth a kernel call's CPU cost: the H100 profiles of GPT-2 355M showed the step
+waiting on the CPU). Sums over every dim but the last (bias gradients, LayerNorm's weight and bias
+gradients) are column regions (triton_kernels.colwise); matmuls, attention and collectives stay aten. Nodes join greedily in graph order.
+LayerNorm backwards that want the input gradient and weight/bias gradients are first split in two (a
+row region and a column region cannot be one kernel): the input gradient joins row regions, the
+weight/bias gradients (output_mask [False, ...]) become a column region. A region becomes one call of a torch custom
 op (`colauto::fused_<hash>`) placed where its last node was, so a node joins only if every outside
 reader of the region comes after it, and only if the generator can plan the grown region (checked on
 the example shapes). A region the generator refuses when it first runs falls back to its aten ops,
@@ -96,11 +97,16 @@ def _computes(node: fx.Node) -> bool:
         isinstance(node.target, torch._ops.OpOverload) and is_aliasing(node.target))
 
 
+# ops that a generated kernel runs well enough faster than aten to pay for its call alone (H100 profiles:
+# aten's LayerNorm backward kernels at ~60% of copy bandwidth, its bf16 sums over rows at ~40 us each)
+_SLOW_IN_ATEN = (torch.ops.aten.native_layer_norm_backward.default, torch.ops.aten.sum.dim_IntList)
+
+
 def _worth_a_kernel(region: list[fx.Node]) -> bool:
     computing = [n for n in region if _computes(n)]
     if len(computing) >= 2:
         return True
-    lone_but_slow_in_aten = len(computing) == 1 and computing[0].target is torch.ops.aten.native_layer_norm_backward.default
+    lone_but_slow_in_aten = len(computing) == 1 and computing[0].target in _SLOW_IN_ATEN
     return lone_but_slow_in_aten and _plans(region)     # a region of one node was never checked
 
 

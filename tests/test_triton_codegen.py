@@ -399,7 +399,7 @@ def test_fusion_pass_takes_views_into_regions():
 
 @pytest.mark.parametrize("fn, message", [
     (lambda x, y: torch.cumsum(x, -1), r"aten.cumsum.default is not fusible"),
-    (lambda x, y: x.sum(0), r"aten.sum.dim_IntList over dims \[0\] is not fusible"),
+    (lambda x, y: x.unsqueeze(0).sum(1), r"aten.sum.dim_IntList over dims \[1\] is not fusible"),   # x.sum(0): colwise
     (lambda x, y: x[0] + y, r"aten.select.int is not fusible"),
     (lambda x, y: (x * 2, y * 3), r"pointwise outputs of shapes .* are not fusible"),
     (lambda x, y: x.double() + 1, r"dtype torch.float64, which is not fusible"),
@@ -537,3 +537,59 @@ def test_repeat_launches_go_direct_unless_alignment_changes():
         torch.testing.assert_close(region(x)[0], gm(x))
         direct = launch._direct is not None
         assert direct == (DEVICE == "cuda") and launch._aligned == ((x.data_ptr() % 16 == 0),)
+
+
+# ---- columns: sums over the rows ---------------------------------------------------------------------
+
+COLUMN_TUNINGS = {"default": None, "split": tk.Tuning(column_block=16, column_rows=4, column_programs=8)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("schedule", COLUMN_TUNINGS)
+@pytest.mark.parametrize("op", ["bias_grad", "bias_grad_3d", "producer_chain", "transposed", "layer_norm_weights",
+                                "layer_norm_weight_only", "layer_norm_bias_only"])
+def test_column_sums(op, schedule, dtype):
+    """Sums over every dim but the last (bias and LayerNorm weight/bias gradients) against aten, with
+    rows split over several programs and column blocks that do not divide the columns."""
+    g, x, w = rand(37, 45, dtype=dtype), rand(37, 45, dtype=dtype), rand(45, dtype=dtype)
+    _, mean, rstd = layer_norm(x, w, w)
+
+    def ln_backward(mask):
+        return lambda g, x, mean, rstd, w: [t for t in aten.native_layer_norm_backward(
+            g, x, [45], mean, rstd, w, w, mask)[1:] if t is not None]
+    fn, args = {
+        "bias_grad": (lambda g: aten.sum.dim_IntList(g, [0], True), [g]),
+        "bias_grad_3d": (lambda g: aten.sum.dim_IntList(g, [0, 1]), [rand(3, 13, 45, dtype=dtype)]),
+        # upcast first, as autocast's backward graphs do (eager would round each op of a half chain)
+        "producer_chain": (lambda g, w, r: aten.sum.dim_IntList(g.float() * w.float() + r.float(), [0]),
+                           [g, w, rand(37, 1, dtype=dtype)]),
+        "transposed": (lambda g: aten.sum.dim_IntList(g, [0]), [rand(45, 37, dtype=dtype).t()]),
+        "layer_norm_weights": (ln_backward([False, True, True]), [g, x, mean, rstd, w]),
+        "layer_norm_weight_only": (ln_backward([False, True, False]), [g, x, mean, rstd, w]),
+        "layer_norm_bias_only": (ln_backward([False, False, True]), [g, x, mean, rstd, w]),
+    }[op]
+    if not (op.startswith("layer_norm") and dtype != torch.float32):
+        check(fn, *args, dtype=dtype, tuning=COLUMN_TUNINGS[schedule])
+        return
+    # aten's CPU LayerNorm backward accumulates half inputs less precisely than fp32: here the fused
+    # sums must be at least as close as aten's to the fp64 answer
+    gm = make_fx(fn)(*args)
+    got = tk.compile_region(gm.graph, args, tuning=COLUMN_TUNINGS[schedule])(*args)
+    xhat = (x.double() - mean.double()) * rstd.double()
+    exact = {"layer_norm_weights": [(g.double() * xhat).sum(0), g.double().sum(0)],
+             "layer_norm_weight_only": [(g.double() * xhat).sum(0)], "layer_norm_bias_only": [g.double().sum(0)]}[op]
+    for ours, theirs, want in zip(got, gm(*args), exact, strict=True):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        err, aten_err = (ours.double() - want).abs().max().item(), (theirs.double() - want).abs().max().item()
+        assert err <= aten_err + TOL[dtype]["atol"], (err, aten_err)
+
+
+def test_column_sum_refusals():
+    g = rand(6, 7)
+    for fn, reason in [(lambda g: aten.sum.dim_IntList(g, [0]) * 2, "computed from a column sum"),
+                       (lambda g: (aten.sum.dim_IntList(g * 2, [0]), g * 2), "stores anything but column sums"),
+                       (lambda g: aten.sum.dim_IntList(g.view(3, 2, 7), [0, 1]), "views in its region"),
+                       (lambda g: (aten.sum.dim_IntList(g, [0]), g.sum(-1)), "row reductions in one region")]:
+        gm = make_fx(fn)(g)
+        with pytest.raises(tk.NotFusible, match=reason):
+            tk.check(gm.graph, [g])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from . import _triton, autotune, cache, pointwise, rowwise
+from . import _triton, autotune, cache, colwise, pointwise, rowwise
 from .ir import NotFusible
 from .launch import Launch
 from .region import analyse
@@ -42,7 +42,7 @@ def check(graph: fx.Graph, example_inputs) -> None:
     """Raise `NotFusible` unless the generator can plan this region for inputs like these (any device;
     `example` makes storage-less ones: nothing is compiled or run)."""
     region = analyse(graph, list(example_inputs))
-    (rowwise if region.has_reduction else pointwise).plan(region, Tuning())
+    _kind(region).plan(region, Tuning())
 
 
 class FusedRegion:
@@ -75,11 +75,20 @@ def _plan(graph: fx.Graph, tensors: list, tuning: Tuning | None) -> Launch:
         raise NotFusible("CPU inputs are not fusible: compiled Triton kernels need CUDA tensors "
                          "(or TRITON_INTERPRET=1)")
     region = analyse(graph, tensors)
-    kind = rowwise if region.has_reduction else pointwise
+    kind = _kind(region)
     launch = kind.plan(region, tuning or Tuning())
     if not launch.allocs:
         return launch
     launch.kernel = cache.kernel(launch.spec, kind.emit)
-    if tuning is None and autotune.enabled():
+    if tuning is None and autotune.enabled() and kind is not colwise:
         return autotune.fastest(lambda t: kind.plan(region, t), launch.kernel, kind is rowwise, tensors)
     return launch
+
+
+def _kind(region):
+    """The kernel family for a region: column sums, row reductions, or pointwise."""
+    if region.has_column_sum:
+        if region.has_reduction:
+            raise NotFusible("column sums and row reductions in one region are not fusible")
+        return colwise
+    return rowwise if region.has_reduction else pointwise

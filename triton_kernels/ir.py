@@ -24,6 +24,7 @@ class Ref(NamedTuple):
 Operand = Union[Ref, bool, int, float]
 
 REDUCTIONS = frozenset({"sum", "amax", "mean"})   # over the last dim; `mean` divides by (n - correction)
+COLUMN_SUM = "colsum"       # a sum over every dim but the last (colwise: bias and LayerNorm weight gradients)
 
 
 @dataclass(frozen=True)

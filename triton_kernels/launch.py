@@ -22,6 +22,7 @@ class Launch:
     allocs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]   # stored outputs: shape, strides, dtype
     outputs: list[Ref]                          # returned: Ref("in", k) = input k, Ref("out", m) = stored m
     kernel: Callable | None = field(default=None)
+    finish: Callable | None = field(default=None)   # the kernel's outputs -> the region's (colwise: partial sums)
     # After the first launch: the compiled kernel's direct launcher, and which inputs were 16-byte
     # aligned then (Triton specializes pointers on it; sizes and strides are fixed per Launch already).
     _direct: Callable | None = field(default=None, repr=False)
@@ -38,6 +39,8 @@ class Launch:
                 compiled = self.kernel[self.grid](*tensors, *outs, *self.scalars, **self.constexprs,
                                                   num_warps=self.num_warps)
                 self._direct, self._aligned = _triton.launcher(compiled, self.grid), aligned
+        if self.finish is not None:
+            outs = self.finish(outs)
         return tuple(tensors[r.index] if r.kind == "in" else outs[r.index] for r in self.outputs)
 
 

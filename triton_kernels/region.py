@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from . import _triton, pointwise_ops, row_ops, view_ops, views
 from ._triton import op_name
-from .ir import REDUCTIONS, Builder, Instr, NotFusible, Ref, prune
+from .ir import COLUMN_SUM, REDUCTIONS, Builder, Instr, NotFusible, Ref, prune
 from .launch import allocations
 
 RULES = {**pointwise_ops.RULES, **row_ops.RULES, **view_ops.RULES}
@@ -33,6 +33,10 @@ class Region:
     @property
     def has_reduction(self) -> bool:
         return any(i.op in REDUCTIONS for i in self.instrs)
+
+    @property
+    def has_column_sum(self) -> bool:
+        return any(i.op == COLUMN_SUM for i in self.instrs)
 
 
 def _check_node(n: fx.Node) -> None:
@@ -86,6 +90,8 @@ def analyse(graph: fx.Graph, tensors: list[torch.Tensor]) -> Region:
     shapes = {renumber.get(r, r): s for r, s in b.shapes.items() if r in renumber}
     shapes |= {Ref("in", k): tuple(t.shape) for k, t in enumerate(tensors)}
     if any(i.op in views.OPS for i in instrs):
+        if any(i.op == COLUMN_SUM for i in instrs):
+            raise NotFusible("a column sum is not fusible with views in its region")
         inputs, instrs, shapes, outputs, stored, allocs = views.flatten(
             list(tensors), instrs, shapes, outputs, [vals[n] for n in out_nodes])
         return Region(inputs, instrs, shapes, outputs, stored, allocs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .ir import Builder, NotFusible, Ref, registrar
+from .ir import COLUMN_SUM, Builder, NotFusible, Ref, registrar
 
 aten = torch.ops.aten
 
@@ -39,8 +39,18 @@ def _cast(b: Builder, x: Ref, dtype: torch.dtype) -> Ref:
 
 @_lowers(aten.sum.dim_IntList)
 def _sum(b, out, x, dim, keepdim=False, dtype=None):
-    _check_last("aten.sum.dim_IntList", dim, len(b.shapes[x]))
+    rank = len(b.shapes[x])
+    if rank >= 2 and dim is not None and sorted(d % rank for d in dim) == list(range(rank - 1)):
+        return _column_sum(b, x, out.dtype, tuple(out.shape))
+    _check_last("aten.sum.dim_IntList", dim, rank)
     return _reduce(b, "sum", x, out.dtype, keepdim)
+
+
+def _column_sum(b: Builder, x: Ref, dtype: torch.dtype, shape: tuple[int, ...]) -> Ref:
+    """A sum over every dim but the last (accumulated in fp32, rounded once to `dtype`)."""
+    if not dtype.is_floating_point:
+        raise NotFusible(f"a column sum in {dtype} is not fusible: only floating-point sums are")
+    return b.op(COLUMN_SUM, x, dtype=dtype, arg_dtype=_F32, shape=shape)
 
 
 @_lowers(aten.mean.dim)
@@ -136,9 +146,15 @@ def _layer_norm(b, out, x, normalized_shape, weight, bias, eps):
 @_lowers(aten.native_layer_norm_backward.default)
 def _layer_norm_backward(b, out, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     _check_normalized_shape("aten.native_layer_norm_backward.default", normalized_shape)
+    if not output_mask[0]:      # only the weight/bias gradients: sums over the rows (colwise)
+        xhat = b.op("mul", b.op("sub", x, mean, dtype=_F32), rstd, dtype=_F32)
+        grad_weight = _column_sum(b, b.op("mul", grad, xhat, dtype=_F32), out[1].dtype, tuple(out[1].shape)) \
+            if output_mask[1] and weight is not None else None
+        grad_bias = _column_sum(b, grad, out[2].dtype, tuple(out[2].shape)) if output_mask[2] and bias is not None else None
+        return None, grad_weight, grad_bias
     if output_mask[1] or output_mask[2]:
-        raise NotFusible("aten.native_layer_norm_backward.default with grad_weight or grad_bias is not fusible: "
-                         "they reduce over rows, not along them")
+        raise NotFusible("aten.native_layer_norm_backward.default with the input gradient and grad_weight or "
+                         "grad_bias is not fusible: split it (fusion does), the sums run over rows, not along them")
     # dx = rstd * (g' - mean(g') - xhat * mean(g' * xhat)), g' = grad * weight
     xhat = b.op("mul", b.op("sub", x, mean, dtype=_F32), rstd, dtype=_F32)
     gw = grad if weight is None else b.op("mul", grad, weight, dtype=_F32)

@@ -13,9 +13,13 @@ class Tuning:
     row_tile: int = 4096           # row kernels: rows x columns per program
     pointwise_warps: int = 4
     row_warps: int = 0             # row kernels' warps; 0: one per 256 elements of the tile, at most 16
+    column_block: int = 64         # column sums: columns per program (loads coalesce along them)
+    column_rows: int = 32          # column sums: rows per step of a program's walk
+    column_programs: int = 1024    # column sums: about this many programs (column blocks x row splits)
+    column_warps: int = 4
 
     def __post_init__(self):
-        for name in ("block", "persistent_cols", "loop_cols", "row_tile"):
+        for name in ("block", "persistent_cols", "loop_cols", "row_tile", "column_block", "column_rows"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"Tuning.{name}={value} is not valid: Triton blocks are powers of two")
