@@ -593,3 +593,6 @@ def test_column_sum_refusals():
         gm = make_fx(fn)(g)
         with pytest.raises(tk.NotFusible, match=reason):
             tk.check(gm.graph, [g])
+    empty = rand(0, 7)
+    with pytest.raises(tk.NotFusible, match="empty tensor"):
+        tk.check(make_fx(lambda g: aten.sum.dim_IntList(g, [0]))(empty).graph, [empty])

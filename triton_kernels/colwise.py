@@ -103,6 +103,8 @@ def plan(region: Region, tuning: Tuning) -> Launch:
         raise NotFusible("a region that stores anything but column sums is not fusible with them")
     rows = tuple(torch.broadcast_shapes(*(s for r, s in region.shapes.items() if r not in sums)))
     outer_shape, n_cols = rows[:-1], rows[-1]
+    if not math.prod(rows):
+        raise NotFusible(f"column sums over an empty tensor of shape {list(rows)} are not fusible")
     for ref, v in region.stored:
         if tuple(v.shape) not in ((n_cols,), (1,) * len(outer_shape) + (n_cols,)):
             raise NotFusible(f"a column sum of shape {tuple(v.shape)} is not fusible with rows of shape {rows}")
@@ -123,7 +125,7 @@ def plan(region: Region, tuning: Tuning) -> Launch:
     values |= {f"size{d}": n for d, n in enumerate(sizes)}
     values |= {f"pitch{d}": p for d, p in enumerate(layout.pitches(sizes))}
     for k, (st, st_full) in enumerate(zip(outer, full)):
-        values |= {f"in{k}_o{d}": s for d, s in enumerate(st)} | {f"in{k}_sc": st_full[-1] if st_full else 0}
+        values |= {f"in{k}_o{d}": s for d, s in enumerate(st)} | {f"in{k}_sc": st_full[-1]}
     finals = [(tuple(v.shape), v.dtype) for _, v in region.stored]
 
     def finish(partials: list[torch.Tensor]) -> list[torch.Tensor]:
