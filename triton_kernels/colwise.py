@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from . import layout
-from .ir import COLUMN_SUM, Instr, NotFusible, Ref, compute_dtype, tl_type
+from .ir import COLUMN_SUM, Instr, NotFusible, Ref
 from .launch import Launch, returned
 from .region import Region
-from .triton_expr import expression
+from .triton_expr import dim_indices, expression, in_compute_dtype
 from .tuning import Tuning, next_pow2
 
 
@@ -62,9 +62,7 @@ def emit(spec: ColumnSpec) -> str:
             f"first = tl.program_id(1){pid} * rows_per_split"]
     body += [f"acc{j} = tl.zeros([XBLOCK, RBLOCK], tl.float32)" for j in spec.sums]
     loop = ["rows = r0 + tl.arange(0, XBLOCK)[:, None]", "mask = (rows < n_rows) & col_mask"]
-    for d in _used_dims(spec):
-        quotient = "rows" if d == spec.outer_ndim - 1 else f"rows // pitch{d}"
-        loop.append(f"r{d} = {quotient}" + (f" % size{d}" if d > 0 else ""))
+    loop += dim_indices("rows", "r", _used_dims(spec), spec.outer_ndim)
     used = {a for ins in spec.instrs for a in ins.args if isinstance(a, Ref)}
     for k, a in enumerate(spec.inputs):
         if Ref("in", k) not in used:
@@ -74,9 +72,7 @@ def emit(spec: ColumnSpec) -> str:
         else:
             terms = [f"r{d} * in{k}_o{d}" for d in range(spec.outer_ndim) if a.outer[d]] + [f"cols * in{k}_sc"]
             load = f"tl.load(in{k} + {' + '.join(terms)}, mask=mask, other=0)"
-        if compute_dtype(a.dtype) != a.dtype:
-            load += f".to({tl_type(compute_dtype(a.dtype))})"
-        loop.append(f"x{k} = {load}")
+        loop.append(f"x{k} = {in_compute_dtype(load, a.dtype)}")
     for j, ins in enumerate(spec.instrs):
         if ins.op == COLUMN_SUM:
             arg = ins.args[0]

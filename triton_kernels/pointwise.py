@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from . import layout
-from .ir import Instr, NotFusible, Ref, compute_dtype, tl_type
+from .ir import Instr, NotFusible, Ref
 from .launch import Launch, returned
 from .region import Region
-from .triton_expr import expression, name, pointers, store_value
+from .triton_expr import dim_indices, expression, in_compute_dtype, name, pointers, store_value
 from .tuning import Tuning
 
 
@@ -60,18 +60,14 @@ def emit(spec: PointwiseSpec) -> str:
     lines = ["@triton.jit", f"def kernel({', '.join(params)}, BLOCK: tl.constexpr):"]
     pid = "tl.program_id(0).to(tl.int64)" if spec.int64 else "tl.program_id(0)"
     body = [f"i = {pid} * BLOCK + tl.arange(0, BLOCK)", "mask = i < numel"]
-    for d in _used_dims(spec):
-        quotient = "i" if d == spec.ndim - 1 else f"i // pitch{d}"
-        body.append(f"i{d} = {quotient}" + (f" % size{d}" if d > 0 else ""))
+    body += dim_indices("i", "i", _used_dims(spec), spec.ndim)
     used = {a for ins in spec.instrs for a in ins.args if isinstance(a, Ref)}
     for k, a in enumerate(spec.inputs):
         if Ref("in", k) not in used:
             continue
         off = _offset(f"in{k}", a)
         load = f"tl.load(in{k} + {off}, mask=mask)" if off else f"tl.load(in{k})"   # no offset: a 0-dim input
-        if compute_dtype(a.dtype) != a.dtype:
-            load += f".to({tl_type(compute_dtype(a.dtype))})"
-        body.append(f"x{k} = {load}")
+        body.append(f"x{k} = {in_compute_dtype(load, a.dtype)}")
 
     def dtype_of(r: Ref) -> torch.dtype:
         return spec.inputs[r.index].dtype if r.kind == "in" else spec.instrs[r.index].dtype

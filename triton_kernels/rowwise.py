@@ -17,7 +17,7 @@ from . import layout
 from .ir import REDUCTIONS, Instr, NotFusible, Ref, compute_dtype, tl_type
 from .launch import Launch, returned
 from .region import Region
-from .triton_expr import expression, operand, pointers, store_value
+from .triton_expr import dim_indices, expression, in_compute_dtype, operand, pointers, store_value
 from .tuning import Tuning, next_pow2
 
 ROW, PER_ROW, FLAT = "row", "per_row", "flat"   # FLAT: one per row, last dim dropped (keepdim=False)
@@ -111,9 +111,7 @@ class _Emitter:
             load = f"tl.load(in{k})"                  # one element for all rows: a 0-dim input
         else:
             load = f"tl.load(in{k} + {off}, mask={'row_mask' if a.per_row else 'mask'}, other=0)"
-        if compute_dtype(a.dtype) != a.dtype:
-            load += f".to({tl_type(compute_dtype(a.dtype))})"
-        self.body.append(f"x{k} = {load}")
+        self.body.append(f"x{k} = {in_compute_dtype(load, a.dtype)}")
 
     def store(self, ref: Ref) -> None:
         if ref not in self.outputs:
@@ -213,9 +211,7 @@ def emit(spec: RowSpec) -> str:
     e = _Emitter(spec)
     pid = "tl.program_id(0).to(tl.int64)" if spec.int64 else "tl.program_id(0)"
     e.body += [f"rows = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]", "row_mask = rows < n_rows"]
-    for d in _used_dims(spec):
-        quotient = "rows" if d == spec.outer_ndim - 1 else f"rows // pitch{d}"
-        e.body.append(f"r{d} = {quotient}" + (f" % size{d}" if d > 0 else ""))
+    e.body += dim_indices("rows", "r", _used_dims(spec), spec.outer_ndim)
     for p, a in pointers(spec):
         if any(a.outer):
             e.body.append(f"{p}_row = " + " + ".join(f"r{d} * {p}_o{d}" for d in range(spec.outer_ndim) if a.outer[d]))

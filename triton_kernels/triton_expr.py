@@ -24,6 +24,18 @@ def pointers(spec) -> list[tuple[str, Any]]:
             + [(f"out{m}", a) for m, (_, a) in enumerate(spec.outputs)])
 
 
+def dim_indices(flat: str, prefix: str, dims, ndim: int) -> list[str]:
+    """`{prefix}{d} = ` dim d's index in the row-major walk of an ndim-dim space, for each used dim d,
+    from the flat index `flat` (sizes `size{d}`, pitches `pitch{d}` are kernel parameters)."""
+    return [f"{prefix}{d} = " + (flat if d == ndim - 1 else f"{flat} // pitch{d}") + (f" % size{d}" if d > 0 else "")
+            for d in dims]
+
+
+def in_compute_dtype(load: str, dtype: torch.dtype) -> str:
+    """A loaded value of `dtype`, converted to the dtype it is computed in."""
+    return load if compute_dtype(dtype) == dtype else f"{load}.to({tl_type(compute_dtype(dtype))})"
+
+
 def name(ref: Ref) -> str:
     return f"x{ref.index}" if ref.kind == "in" else f"t{ref.index}"
 
