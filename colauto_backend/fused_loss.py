@@ -12,6 +12,7 @@ to aten.
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import torch
 import torch.fx as fx
@@ -85,7 +86,7 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
         return 0
     narrow = _narrow_source(logits, lp, grads)
     if narrow is not None:
-        logits, grad_casts = narrow
+        logits = _replay(graph, narrow.x, narrow.views, logits)
         logits_val = logits.meta["val"]
     with graph.inserting_after(nll):
         fused = graph.call_function(torch.ops.colauto.cross_entropy_fwd.default, (logits, target, ignore))
@@ -112,9 +113,10 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
         if narrow is None:
             lsm_bwd.replace_all_uses_with(g)
         else:   # the gradient comes out in the narrow dtype: it replaces the casts back to it
-            g.meta["val"] = grad_casts[0].meta["val"]
-            for cast in grad_casts:
-                cast.replace_all_uses_with(g)
+            g.meta["val"] = _fake(cross_entropy_bwd, nll_bwd.args[0].meta["val"], logits_val,
+                                  target.meta["val"], lse.meta["val"], ignore)
+            for views, cast in narrow.casts:
+                cast.replace_all_uses_with(_replay(graph, g, views, g))
     return 1
 
 
@@ -123,22 +125,68 @@ def _is_cast(node: fx.Node, dtype: torch.dtype) -> bool:
             and set(node.kwargs) <= {"dtype", "layout", "device"})
 
 
-def _narrow_source(logits: fx.Node, lp: fx.Node, grads: list[fx.Node]) -> tuple[fx.Node, list[fx.Node]] | None:
-    """(x, the casts of the gradient back to x's dtype) when `logits` is bf16/fp16 x upcast to fp32 for
-    this loss alone (autocast does that to cross_entropy): the kernels then read x, computing in fp32
-    as aten does, and write the gradient in x's dtype, as aten's cast of its fp32 gradient does, so
-    neither the [N, V] fp32 copy nor its fp32 gradient exists. None where any other node needs them."""
-    if not _is_cast(logits, torch.float32) or set(logits.users) != {lp}:
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _narrow_source(logits: fx.Node, lp: fx.Node, grads: list[fx.Node]) -> _Narrow | None:
+    """How to read bf16/fp16 x directly when `logits` is x upcast to fp32 (then reshaped) for this loss
+    alone, as autocast does to cross_entropy: the kernels then read x, computing in fp32 as aten does,
+    and write the gradient in x's dtype, as aten's cast of its fp32 gradient does, so neither the
+    [N, V] fp32 copy nor its fp32 gradient exists. None where any other node needs them."""
+    chain = _view_chain_above(logits, lp)
+    if chain is None or not _is_cast(chain[1], torch.float32):
         return None
-    x = logits.args[0]
+    views, node = chain
+    x = node.args[0]
     x_val = x.meta.get("val")
     if (not isinstance(x_val, torch.Tensor) or x_val.dtype not in (torch.bfloat16, torch.float16)
             or x_val.device != logits.meta["val"].device):
         return None
-    casts = list(grads[1].users) if grads else []
-    if grads and not (casts and all(_is_cast(c, x_val.dtype) for c in casts)):
+    casts = []     # (views from the fp32 gradient, the cast of their result back to x's dtype)
+    for user in (grads[1].users if grads else ()):
+        below, cast = _view_chain_below(user)
+        if not _is_cast(cast, x_val.dtype):
+            return None
+        casts.append((below, cast))
+    if grads and not casts:
         return None
-    return x, casts
+    return _Narrow(x, views, casts)
+
+
+def _view_chain_above(node: fx.Node, reader: fx.Node) -> tuple[list[fx.Node], fx.Node] | None:
+    """(the views, innermost first, from the first non-view above `node` down to `node`, and that
+    non-view) where each is read only by the next and `node` only by `reader`; None otherwise."""
+    views = []
+    while node.target in _VIEWS and set(node.users) == {reader}:
+        views.insert(0, node)
+        reader, node = node, node.args[0]
+    return (views, node) if set(node.users) == {reader} else None
+
+
+def _view_chain_below(node: fx.Node) -> tuple[list[fx.Node], fx.Node]:
+    """(the single-reader views starting at `node`, in order, and the node they lead to)."""
+    views = []
+    while node.target in _VIEWS and len(node.users) == 1:
+        views.append(node)
+        node = next(iter(node.users))
+    return views, node
+
+
+class _Narrow(NamedTuple):
+    x: fx.Node                                    # the narrow tensor the fp32 logits were cast from
+    views: list[fx.Node]                          # reshapes of the fp32 cast, replayed on x
+    casts: list[tuple[list[fx.Node], fx.Node]]    # gradient reshapes, and the cast back to x's dtype
+
+
+def _replay(graph: fx.Graph, source: fx.Node, views: list[fx.Node], after: fx.Node) -> fx.Node:
+    """`views` applied to `source` instead of their own input, inserted after `after`."""
+    for view in views:
+        with graph.inserting_after(after):
+            after = graph.call_function(view.target, (source, *view.args[1:]), dict(view.kwargs))
+        after.meta.update(view.meta)
+        after.meta["val"] = _fake(view.target, source.meta["val"], *view.args[1:])
+        source = after
+    return source
 
 
 def _items(nll: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:

@@ -53,6 +53,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
         _warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
         return Fusion(unavailable=ok.reason)
     _split_layer_norm_backwards(gm.graph)
+    copies = _copy_shared_casts(gm.graph)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     region_of: dict[fx.Node, list[fx.Node]] = {}
     for node in gm.graph.nodes:
@@ -81,6 +82,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
         out.ops += sum(_computes(n) for n in region)
         out.bytes_saved += saved
         out.kernels.append(name)
+    _merge_unfused(gm.graph, copies)
     gm.graph.lint()
     gm.recompile()
     return out
@@ -136,6 +138,36 @@ def _split_layer_norm_backwards(graph: fx.Graph) -> None:
             continue
         graph.erase_node(grad_input)
         graph.erase_node(columns)
+
+
+def _copy_shared_casts(graph: fx.Graph) -> list[list[fx.Node]]:
+    """A dtype cast read by several fusible ops -> one copy per reader, so each reader's kernel casts in
+    registers instead of reading a cast materialized by aten (in a bf16 backward: every LayerNorm's
+    incoming gradient, read by the input-gradient rows and the weight-gradient columns). The copies of
+    each cast, for `_merge_unfused`."""
+    groups = []
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
+        readers = list(node.users)
+        if len(readers) < 2 or not all(_lowerable(r) for r in readers):
+            continue
+        group = [node]
+        for reader in readers[1:]:
+            with graph.inserting_before(reader):
+                copy = graph.node_copy(node)
+            copy.meta.update(node.meta)
+            reader.replace_input_with(node, copy)
+            group.append(copy)
+        groups.append(group)
+    return groups
+
+
+def _merge_unfused(graph: fx.Graph, groups: list[list[fx.Node]]) -> None:
+    """The copies of a cast that no kernel took in stay aten ops: they become one again."""
+    for group in groups:
+        left = [n for n in group if n.graph is graph and n in graph.nodes]
+        for extra in left[1:]:
+            extra.replace_all_uses_with(left[0])
+            graph.erase_node(extra)
 
 
 def _readers_follow(region: list[fx.Node], last: fx.Node, order: dict) -> bool:

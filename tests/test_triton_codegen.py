@@ -494,14 +494,17 @@ def test_unavailable_without_triton():
     assert out.startswith("False | triton is not importable") and "Triton kernels are unavailable" in out
 
 
-def test_autotune_keeps_the_fastest_launch_shape_and_saves_it(monkeypatch, tmp_path):
+@pytest.mark.parametrize("family", ["rowwise", "colwise"])
+def test_autotune_keeps_the_fastest_launch_shape_and_saves_it(monkeypatch, tmp_path, family):
     """On CUDA each candidate launch shape is timed with the real inputs (here: a stand-in timer on
     the interpreter); the fastest is kept, and a later process reads it back instead of timing."""
     from triton_kernels import _triton, autotune
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(autotune, "enabled", lambda: True)
-    x = rand(6, 40)
-    gm = make_fx(lambda x: torch.softmax(x, -1))(x)
+    x = rand(300, 40) if family == "colwise" else rand(6, 40)
+    fn, candidates = {"rowwise": (lambda x: torch.softmax(x, -1), tk.tuning.ROW_CANDIDATES),
+                      "colwise": (lambda x: torch.ops.aten.sum.dim_IntList(x * x, [0]), tk.tuning.COLUMN_CANDIDATES)}[family]
+    gm = make_fx(fn)(x)
     timed = []
 
     def timer(fn):                       # runs the candidate, then reports the second one fastest
@@ -512,11 +515,12 @@ def test_autotune_keeps_the_fastest_launch_shape_and_saves_it(monkeypatch, tmp_p
     region = tk.compile_region(gm.graph, [x])
     launch = region.launch_for([x])
     analysed = tk.compile.analyse(gm.graph, [x])
-    shapes = list(dict.fromkeys(autotune.shape(tk.compile.rowwise.plan(analysed, t)) for t in tk.tuning.ROW_CANDIDATES))
+    kind = getattr(tk.compile, family)
+    shapes = list(dict.fromkeys(autotune.shape(kind.plan(analysed, t)) for t in candidates))
     assert len(timed) == len(shapes) >= 3, "each distinct launch shape is timed once"
     second = shapes[1]
     assert autotune.shape(launch) == second
-    torch.testing.assert_close(region(x)[0], torch.softmax(x, -1))
+    torch.testing.assert_close(region(x)[0], fn(x))
 
     monkeypatch.setattr(_triton, "do_bench", lambda fn: pytest.fail("timed again despite the saved choice"))
     before = autotune.STATS["from_disk"]

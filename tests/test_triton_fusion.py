@@ -104,17 +104,19 @@ def test_cross_entropy_runs_as_the_hand_written_kernels(name, monkeypatch):
 
 
 class _HalfHead(torch.nn.Module):
-    """bf16 logits upcast for the loss, as autocast does to cross_entropy."""
+    """bf16 logits upcast for the loss, as autocast does to cross_entropy; or, as language models do,
+    [B, T, V] logits upcast and then flattened to [B*T, V]."""
 
     def __init__(self):
         super().__init__()
         self.proj = torch.nn.Linear(16, 40, dtype=torch.bfloat16)
 
     def forward(self, x, y):
-        return torch.nn.functional.cross_entropy(self.proj(x).float(), y)
+        return torch.nn.functional.cross_entropy(self.proj(x).float().view(-1, 40), y.view(-1))
 
 
-def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch):
+@pytest.mark.parametrize("batch", [(12,), (3, 4)], ids=["2d", "3d-then-flattened"])
+def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch, batch):
     """The fp32 copy of bf16 logits and its fp32 gradient are dropped: the kernels read bf16 and write
     the bf16 gradient; loss and gradients equal eager's (which computes in fp32 and rounds the same)."""
     seen = []
@@ -124,7 +126,7 @@ def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch):
     model = _HalfHead()
     ref = _HalfHead()
     ref.load_state_dict(model.state_dict())
-    x, y = torch.randn(12, 16, dtype=torch.bfloat16), torch.randint(0, 40, (12,))
+    x, y = torch.randn(*batch, 16, dtype=torch.bfloat16), torch.randint(0, 40, batch)
     loss = torch.compile(model, backend="colauto", options={"codegen": "triton"})(x, y)
     loss.backward()
     want = ref(x, y)
@@ -136,7 +138,7 @@ def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch):
     ce = [n for gm in seen for n in gm.graph.nodes if str(n.target).startswith("colauto.cross_entropy")]
     assert len(ce) == 2 and all(n.args[0 if "fwd" in str(n.target) else 1].meta["val"].dtype == torch.bfloat16 for n in ce)
     wide = [n for gm in seen for n in gm.graph.nodes
-            if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].shape == (12, 40)
+            if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].numel() == 12 * 40
             and n.meta["val"].dtype == torch.float32]
     assert not wide, f"an fp32 [N, V] tensor is still in the graphs: {wide}"
 
@@ -185,3 +187,36 @@ def test_a_lone_cast_or_other_op_is_no_kernel():
         gelu = make_fx(lambda x: aten.mm.default(aten.gelu.default(x), x.new_ones(8, 8)))(x)
     # a kernel call costs more CPU time than it saves GPU time on one op (LayerNorm backward aside)
     assert [fusion.fuse(g).regions for g in (widening, narrowing, gelu)] == [0, 0, 0]
+
+
+def test_a_cast_read_by_two_kernels_is_cast_inside_each():
+    """bf16 -> fp32 read by two fused regions: no aten cast stays; each kernel reads the bf16 tensor.
+    The fused graph computes what the graph computed."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(x, y):
+        wide = aten._to_copy.default(x, dtype=torch.float32)
+        return aten.mul.Tensor(aten.exp.default(wide), y), aten.sum.dim_IntList(aten.mul.Tensor(wide, y), [0])
+    x, y = torch.randn(6, 5, dtype=torch.bfloat16), torch.randn(6, 5)
+    gm = make_fx(f, tracing_mode="fake")(x, y)
+    want = f(x, y)
+    done = fusion.fuse(gm)
+    assert done.regions == 2
+    assert aten._to_copy.default not in {n.target for n in gm.graph.nodes}
+    for got, ref in zip(gm(x, y), want):
+        torch.testing.assert_close(got, ref)
+
+
+def test_copies_of_a_cast_that_no_kernel_takes_become_one_again():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(x):   # only views read it, and a matmul reads them: a region of a cast and a view is no kernel
+        wide = aten._to_copy.default(x, dtype=torch.float32)
+        return aten.mm.default(aten.view.default(wide, [5, 6]), aten.view.default(wide, [6, 5]))
+    x = torch.randn(6, 5, dtype=torch.bfloat16)
+    gm = make_fx(f, tracing_mode="fake")(x)
+    assert fusion.fuse(gm).regions == 0
+    assert sum(n.target is aten._to_copy.default for n in gm.graph.nodes) == 1
+    torch.testing.assert_close(gm(x), f(x))

@@ -1,5 +1,5 @@
 """Launch shapes timed on the GPU: for a region's first call with a new input signature on CUDA, plan
-the launch under each candidate Tuning (tuning.POINTWISE_CANDIDATES / ROW_CANDIDATES), time each with
+the launch under each candidate Tuning (tuning.*_CANDIDATES for its kernel family), time each with
 the real inputs and keep the fastest. Generated kernels are pure (they write only the outputs each
 call allocates), so running one several times is safe. Candidates never change the kernel's spec, so
 they share one source; each distinct block/warp choice is one more Triton compile. The winner is kept
@@ -14,7 +14,7 @@ from typing import Callable
 
 from . import _triton, cache
 from .launch import Launch
-from .tuning import POINTWISE_CANDIDATES, ROW_CANDIDATES, Tuning
+from .tuning import Tuning
 
 STATS = {"timed": 0, "from_disk": 0}
 
@@ -23,10 +23,10 @@ def enabled() -> bool:
     return os.environ.get("COLAUTO_AUTOTUNE", "1") == "1" and not _triton.interpreting()
 
 
-def fastest(plan: Callable[[Tuning], Launch], kernel: Callable, rows: bool, tensors) -> Launch:
+def fastest(plan: Callable[[Tuning], Launch], kernel: Callable, candidates: tuple[Tuning, ...], tensors) -> Launch:
     """The launch, among plan(candidate) for each candidate, that runs these tensors fastest."""
     launches = {}
-    for tuning in ROW_CANDIDATES if rows else POINTWISE_CANDIDATES:
+    for tuning in candidates:
         launch = plan(tuning)
         launches.setdefault(shape(launch), launch)
     first = next(iter(launches.values()))
@@ -50,4 +50,6 @@ def fastest(plan: Callable[[Tuning], Launch], kernel: Callable, rows: bool, tens
 
 
 def shape(launch: Launch) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(launch.constexprs.items())) + f",warps={launch.num_warps}"
+    """Block sizes, warps and grid (column sums: the same blocks split the rows over more or fewer programs)."""
+    blocks = ",".join(f"{k}={v}" for k, v in sorted(launch.constexprs.items()))
+    return f"{blocks},warps={launch.num_warps},grid={'x'.join(map(str, launch.grid))}"

@@ -8,6 +8,7 @@ from . import _triton, autotune, cache, colwise, pointwise, rowwise
 from .ir import NotFusible
 from .launch import Launch
 from .region import analyse
+from . import tuning as tuning_
 from .tuning import Tuning
 
 
@@ -80,9 +81,13 @@ def _plan(graph: fx.Graph, tensors: list, tuning: Tuning | None) -> Launch:
     if not launch.allocs:
         return launch
     launch.kernel = cache.kernel(launch.spec, kind.emit)
-    if tuning is None and autotune.enabled() and kind is not colwise:
-        return autotune.fastest(lambda t: kind.plan(region, t), launch.kernel, kind is rowwise, tensors)
+    if tuning is None and autotune.enabled():
+        return autotune.fastest(lambda t: kind.plan(region, t), launch.kernel, _CANDIDATES[kind], tensors)
     return launch
+
+
+_CANDIDATES = {pointwise: tuning_.POINTWISE_CANDIDATES, rowwise: tuning_.ROW_CANDIDATES,
+               colwise: tuning_.COLUMN_CANDIDATES}
 
 
 def _kind(region):
