@@ -63,14 +63,17 @@ def fuse(gm: fx.GraphModule) -> Fusion:
         group = [node] + sorted((u for u in node.users if u.target is operator.getitem), key=order.get)
         if len(group) == 1 and not isinstance(node.meta["val"], torch.Tensor):
             continue
+        # join the latest producer's region that takes it, then merge in any other producer's region that
+        # also fits (RMSNorm's backward: a row sum broadcast back, and the rows it scales, meet here)
+        region = []
         for producer in sorted((p for p in node.all_input_nodes if p in region_of), key=order.get, reverse=True):
-            region = region_of[producer]
-            if _readers_follow(region + group[:-1], group[-1], order) and _plans(region + group):
-                break
-        else:
-            region = []
+            if region_of[producer] is region:
+                continue
+            merged = sorted(region + region_of[producer], key=order.get)
+            if _readers_follow(merged + group[:-1], group[-1], order) and _plans(merged + group):
+                region = merged
         region += group
-        region_of.update(dict.fromkeys(group, region))
+        region_of.update(dict.fromkeys(region, region))
     out = Fusion()
     seen = set()
     for region in region_of.values():

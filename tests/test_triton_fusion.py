@@ -220,3 +220,20 @@ def test_copies_of_a_cast_that_no_kernel_takes_become_one_again():
     assert fusion.fuse(gm).regions == 0
     assert sum(n.target is aten._to_copy.default for n in gm.graph.nodes) == 1
     torch.testing.assert_close(gm(x), f(x))
+
+
+def test_two_producers_regions_meet_in_one_kernel():
+    """A node reading two regions joins the later and merges the other in (RMSNorm's backward: a row
+    sum broadcast back meets the rows it scales), so neither intermediate goes through memory."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(x, y):
+        a = aten.mul.Tensor(aten.exp.default(x), 2.0)
+        b = aten.mul.Tensor(aten.neg.default(y), 3.0)
+        return aten.add.Tensor(a, b)
+    x, y = torch.randn(6, 5), torch.randn(6, 5)
+    gm = make_fx(f, tracing_mode="fake")(x, y)
+    done = fusion.fuse(gm)
+    assert (done.regions, done.ops) == (1, 5)
+    torch.testing.assert_close(gm(x, y), f(x, y))
