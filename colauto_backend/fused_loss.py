@@ -184,7 +184,7 @@ def _replay(graph: fx.Graph, source: fx.Node, views: list[fx.Node], after: fx.No
         with graph.inserting_after(after):
             after = graph.call_function(view.target, (source, *view.args[1:]), dict(view.kwargs))
         after.meta.update(view.meta)
-        after.meta["val"] = _fake(view.target, source.meta["val"], *view.args[1:])
+        after.meta["val"] = _fake(aten.view.default, source.meta["val"], list(view.meta["val"].shape))   # symbolic sizes too
         source = after
     return source
 

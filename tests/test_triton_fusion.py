@@ -115,8 +115,9 @@ class _HalfHead(torch.nn.Module):
         return torch.nn.functional.cross_entropy(self.proj(x).float().view(-1, 40), y.view(-1))
 
 
-@pytest.mark.parametrize("batch", [(12,), (3, 4)], ids=["2d", "3d-then-flattened"])
-def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch, batch):
+@pytest.mark.parametrize("batch,dynamic", [((12,), False), ((3, 4), False), ((3, 4), True)],
+                         ids=["2d", "3d-then-flattened", "3d-symbolic-sizes"])
+def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch, batch, dynamic):
     """The fp32 copy of bf16 logits and its fp32 gradient are dropped: the kernels read bf16 and write
     the bf16 gradient; loss and gradients equal eager's (which computes in fp32 and rounds the same)."""
     seen = []
@@ -127,7 +128,7 @@ def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch, batch
     ref = _HalfHead()
     ref.load_state_dict(model.state_dict())
     x, y = torch.randn(*batch, 16, dtype=torch.bfloat16), torch.randint(0, 40, batch)
-    loss = torch.compile(model, backend="colauto", options={"codegen": "triton"})(x, y)
+    loss = torch.compile(model, backend="colauto", options={"codegen": "triton"}, dynamic=dynamic)(x, y)
     loss.backward()
     want = ref(x, y)
     want.backward()
