@@ -43,8 +43,9 @@ DEFAULT_MODELS = {"cpu": "gpt2:tiny:4:64,llama:tiny:4:64",
                   "cuda": "gpt2:124m:16:1024,gpt2:355m:8:1024,llama:1b:4:1024"}
 # mode -> torch.compile options for colauto (None = whatever COLAUTO_CODEGEN says)
 COLAUTO_MODES = {"colauto": None, "colauto-aten": {"codegen": "aten"}, "colauto-triton": {"codegen": "triton"},
-                 "colauto-inductor": {"codegen": "inductor"}}
-MODES = ("eager", "inductor", *COLAUTO_MODES)
+                 "colauto-inductor": {"codegen": "inductor"},
+                 "colauto-triton-cg": {"codegen": "triton", "cudagraphs": True}}   # + CUDA graphs
+MODES = ("eager", "inductor", "inductor-cg", *COLAUTO_MODES)       # inductor-cg: mode="reduce-overhead"
 GiB = 2 ** 30
 
 
@@ -109,6 +110,8 @@ def compiled(model: torch.nn.Module, mode: str):
         return model
     if mode == "inductor":
         return torch.compile(model)
+    if mode == "inductor-cg":
+        return torch.compile(model, mode="reduce-overhead")
     options = COLAUTO_MODES[mode]
     return torch.compile(model, backend="colauto", **({"options": options} if options else {}))
 

@@ -155,3 +155,36 @@ def module_path(node: torch.fx.Node) -> str | None:
     path = list(stack.values())[-1][0]
     path = re.sub(r"\[(\d+)\]", r".\1", path)                 # blocks[1] -> blocks.1
     return re.sub(r"^L\['self'\]\.?|^L__self___?", "", path) or None
+
+
+def cuda_graph_trees(fn: Callable, gm: torch.fx.GraphModule, static_input_idxs: list[int], *, device_index: int,
+                     is_backward: bool, is_inference: bool) -> Callable:
+    """`fn` (a boxed call of `gm`) run through Inductor's CUDA graph trees, as mode="reduce-overhead"
+    does: the first calls run `fn` as is (warm-up), later ones replay a recorded graph. Inputs at
+    `static_input_idxs` keep their addresses between calls (parameters; saved tensors in backward)."""
+    from torch._inductor.compile_fx import cudagraphify
+    outputs = len(gm.graph.find_nodes(op="output")[0].args[0])
+    run = cudagraphify(fn, static_input_idxs, device_index=device_index, stack_traces=[None] * outputs,
+                       is_backward=is_backward, is_inference=is_inference)
+    run._boxed_call = True          # it takes the input list, as AOT's compiled graphs do
+    return run
+
+
+def static_input_indices(gm: torch.fx.GraphModule, is_backward: bool) -> list[int]:
+    """The inputs of an AOT forward or backward graph whose addresses do not change between steps, as
+    Inductor computes them: parameters and buffers in forward, the saved tensors in backward."""
+    from torch._inductor.compile_fx import get_static_input_idxs
+    from torch._inductor.utils import count_tangents
+    if is_backward:
+        return list(range(count_tangents(gm)))
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.fw_metadata is None:
+        return []
+    return list(get_static_input_idxs(0))
+
+
+def mark_running_backward(device_index: int) -> None:
+    """Tell the CUDA graph tree manager that a backward runs outside CUDA graphs after a graphed forward."""
+    manager = torch._inductor.cudagraph_trees.get_manager(device_index, create_if_none_exists=False)
+    if manager is not None:
+        manager.set_to_running_backward()

@@ -14,7 +14,7 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
-from . import planner, report
+from . import cuda_graphs, planner, report
 from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost.device import resolve
@@ -113,7 +113,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
-        codegen = _codegen(config.codegen, config.report)
+        codegen = _codegen(config)
         return compat.aot_autograd(
             fw_compiler=functools.partial(codegen, is_backward=False),
             bw_compiler=functools.partial(codegen, is_backward=True),
@@ -124,19 +124,20 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
     return backend
 
 
-def _codegen(name: str, report_setting: str | None = None) -> Callable:
-    if name == "inductor":
+def _codegen(config: cfg.Config) -> Callable:
+    """The compiler for one Dynamo graph's forward, backward and inference graphs."""
+    if config.codegen == "inductor":
         return compat.run_with_inductor
-    if name == "triton":
-        def triton(gm, inputs, *, is_backward, is_inference=False):
+    recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
+
+    def run(gm, inputs, *, is_backward, is_inference=False):
+        if config.codegen == "triton":
             from . import fusion   # local import: needs triton_kernels only when asked for
             done = fusion.fuse(gm)
             kind = "inference" if is_inference else "backward" if is_backward else "forward"
-            report.emit_fusion(dataclasses.asdict(done) | {"graph": kind}, report_setting)
-            return compat.run_as_aten(gm, inputs)
-        return triton
-
-    def aten(gm, inputs, *, is_backward, is_inference=False):
-        return compat.run_as_aten(gm, inputs)
-    return aten
-
+            report.emit_fusion(dataclasses.asdict(done) | {"graph": kind}, config.report)
+        fn = compat.run_as_aten(gm, inputs)
+        if recorder is None:
+            return fn
+        return recorder.wrap(fn, gm, inputs, is_backward=is_backward, is_inference=is_inference)
+    return run

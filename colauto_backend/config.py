@@ -27,6 +27,7 @@ class Config:
     memory_budget: tuple[str, float] | None = None   # ("none"|"fraction"|"bytes", value); None = device memory
     mesh: tuple[tuple[str | None, int], ...] | None = None   # ((role or None, size), ...); None = planner picks
     comm: str | None = None          # interconnect preset or calibration JSON; None = the device's preset
+    cudagraphs: bool = False         # replay the compiled graphs as CUDA graphs (aten and triton codegen)
 
 
 # name in options= -> (environment variable, parser)
@@ -112,6 +113,13 @@ def _mesh(raw: str) -> tuple[tuple[str | None, int], ...] | None:
     return tuple(axes)
 
 
+def _cudagraphs(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("0", "1", "false", "true"):
+        raise ConfigError(f"COLAUTO_CUDAGRAPHS={raw!r} is not valid: use 1 (replay the graphs as CUDA graphs) or 0")
+    return value in ("1", "true")
+
+
 def _comm(raw: str) -> str:
     from .dist.comm import resolve   # local import: comm imports config for errors
     value = raw.strip()
@@ -127,6 +135,7 @@ _FIELDS = {
     "memory_budget": ("COLAUTO_MEMORY_BUDGET", _budget),
     "mesh": ("COLAUTO_MESH", _mesh),
     "comm": ("COLAUTO_COMM", _comm),
+    "cudagraphs": ("COLAUTO_CUDAGRAPHS", _cudagraphs),
 }
 # Read by triton_kernels itself (a package that does not depend on this one); validated here.
 KERNEL_VARS = {"COLAUTO_CACHE_DIR": None, "COLAUTO_PRINT_KERNELS": ("0", "1"), "COLAUTO_AUTOTUNE": ("0", "1")}
@@ -151,5 +160,9 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
         if key == "memory_budget" and isinstance(raw, (int, float)) and raw > 1:
             raw = f"{raw}b"                       # a plain number in options= is bytes
         values[key] = _FIELDS[key][1](str(raw))
-    return Config(**values)
+    config = Config(**values)
+    if config.cudagraphs and config.codegen == "inductor":
+        raise ConfigError("COLAUTO_CUDAGRAPHS=1 applies to COLAUTO_CODEGEN=aten or triton: Inductor's code takes "
+                          "CUDA graphs from torch.compile(mode=\"reduce-overhead\") instead")
+    return config
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import operator
-import warnings
 from collections import Counter
 
 import torch
@@ -29,6 +28,7 @@ import triton_kernels
 from triton_kernels import NotFusible
 
 from . import _torch_compat as compat
+from . import report
 from .cost.flops import is_aliasing
 
 FALLBACKS = Counter()        # regions run as aten after the generator refused them at run time, by reason
@@ -50,7 +50,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
     """Replace `gm`'s fusible regions in place (each node needs its example value in meta["val"])."""
     ok = triton_kernels.available()
     if not ok:
-        _warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
+        report.warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
         return Fusion(unavailable=ok.reason)
     _split_layer_norm_backwards(gm.graph)
     copies = _copy_shared_casts(gm.graph)
@@ -259,7 +259,7 @@ def _custom_op(graph: fx.Graph):
                 except NotFusible as exc:       # a signature the example shapes did not show
                     refused.add(signature(inputs))
                     FALLBACKS[str(exc)] += 1
-                    _warn_once(f"colauto: a fused region runs as aten ops: {exc}")
+                    report.warn_once(f"colauto: a fused region runs as aten ops: {exc}")
             return _as_list(module(*inputs))
         _LIB.impl(name, run, "CompositeExplicitAutograd")
         torch.library.register_fake(f"colauto::{name}", lib=_LIB)(lambda inputs: _as_list(module(*inputs)))
@@ -275,12 +275,3 @@ def _canonical(graph: fx.Graph) -> str:
 
 def _as_list(out) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, stacklevel=3)

@@ -2,12 +2,23 @@
 from __future__ import annotations
 
 import json
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
     from .analysis import Analysis
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A Python warning, given once per process for each distinct message (fallbacks the user should see)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, stacklevel=3)
 
 
 def _rank() -> int:
@@ -148,6 +159,16 @@ def render_fusion(data: dict) -> str:
 def emit_fusion(data: dict, setting: str | None) -> None:
     """COLAUTO_REPORT for COLAUTO_CODEGEN=triton, one line per compiled graph (JSON: appended lines)."""
     _emit_beside(setting, lambda: render_fusion(data), ".fusion.jsonl", "a", lambda: json.dumps(data) + "\n")
+
+
+def render_cuda_graphs(data: dict) -> str:
+    state = "recorded after a warm-up call" if data["skipped"] is None else f"not recorded: {data['skipped']}"
+    return f"colauto cuda graphs ({data['graph']}): {state}"
+
+
+def emit_cuda_graphs(data: dict, setting: str | None) -> None:
+    """COLAUTO_REPORT for COLAUTO_CUDAGRAPHS=1, one line per compiled graph (JSON: appended lines)."""
+    _emit_beside(setting, lambda: render_cuda_graphs(data), ".cuda_graphs.jsonl", "a", lambda: json.dumps(data) + "\n")
 
 
 def _emit_beside(setting: str | None, text, suffix: str, mode: str, body) -> None:

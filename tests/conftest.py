@@ -10,6 +10,13 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/, bench/
 
+import colauto_backend  # noqa: E402  (after TRITON_INTERPRET)
+
+# Without `pip install -e .` (a bare GPU host) the torch_dynamo_backends entry point is missing: register
+# the same function by hand so backend="colauto" resolves. Where installed (CI), the entry point is used.
+if "colauto" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(colauto_backend.colauto, name="colauto")
+
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo(monkeypatch):

@@ -13,12 +13,21 @@ from examples.models import build
     ("COLAUTO_REPORT", "maybe", ".json"),
     ("COLAUTO_OPTIMIZER", "adam", "adamw"),
     ("COLAUTO_MESHH", "2x2", "COLAUTO_CODEGEN"),
+    ("COLAUTO_CUDAGRAPHS", "yes", "use 1"),
 ])
 def test_bad_value_is_one_line_naming_variable(var, value, accepted):
     with pytest.raises(cfg.ConfigError) as err:
         cfg.load(environ={var: value})
     msg = str(err.value)
     assert "\n" not in msg and var in msg and accepted in msg
+
+
+def test_cuda_graphs_setting():
+    assert cfg.load(environ={"COLAUTO_CUDAGRAPHS": "1"}).cudagraphs
+    assert not cfg.load({"cudagraphs": False}, environ={"COLAUTO_CUDAGRAPHS": "1"}).cudagraphs
+    assert not cfg.load(environ={}).cudagraphs
+    with pytest.raises(cfg.ConfigError, match="reduce-overhead"):     # Inductor has its own
+        cfg.load({"cudagraphs": True, "codegen": "inductor"}, environ={})
 
 
 def test_bad_option_key():
