@@ -61,9 +61,11 @@ def version() -> str:
 
 
 def do_bench(fn) -> float:
-    """Median milliseconds of fn on the current CUDA stream (a short run: launch-shape search)."""
+    """Median GPU milliseconds of fn (a short run: launch-shape search), replayed as a CUDA graph: timed
+    launch by launch, a small kernel measures the CPU's launch cost, the same for every shape."""
     triton, _ = _load()
-    return triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")
+    torch.cuda.synchronize()        # it times on a side stream: the inputs must be ready first
+    return triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")
 
 
 def launcher(compiled, grid):

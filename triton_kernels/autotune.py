@@ -17,6 +17,7 @@ from .launch import Launch
 from .tuning import Tuning
 
 STATS = {"timed": 0, "from_disk": 0}
+TIMING = "gpu-time"     # how choices were timed (_triton.do_bench): choices timed otherwise are not reused
 
 
 def enabled() -> bool:
@@ -31,7 +32,7 @@ def fastest(plan: Callable[[Tuning], Launch], kernel: Callable, candidates: tupl
         launches.setdefault(shape(launch), launch)
     first = next(iter(launches.values()))
     # sizes and strides are the launch's scalars; hashed, as a region with many inputs has hundreds
-    key = hashlib.sha256(f"{cache.spec_key(first.spec)}-{first.scalars}".encode()).hexdigest()[:32]
+    key = hashlib.sha256(f"{cache.spec_key(first.spec)}-{first.scalars}-{TIMING}".encode()).hexdigest()[:32]
     best = cache.tuned(key)
     if best is not None and best in launches:
         STATS["from_disk"] += 1

@@ -61,7 +61,7 @@ def emit(spec: ColumnSpec) -> str:
             "col_mask = cols < n_cols",
             f"first = tl.program_id(1){pid} * rows_per_split"]
     body += [f"acc{j} = tl.zeros([XBLOCK, RBLOCK], tl.float32)" for j in spec.sums]
-    loop = ["rows = r0 + tl.arange(0, XBLOCK)[:, None]", "mask = (rows < n_rows) & col_mask"]
+    loop = ["rows = start + tl.arange(0, XBLOCK)[:, None]", "mask = (rows < n_rows) & col_mask"]
     loop += dim_indices("rows", "r", _used_dims(spec), spec.outer_ndim)
     used = {a for ins in spec.instrs for a in ins.args if isinstance(a, Ref)}
     for k, a in enumerate(spec.inputs):
@@ -80,7 +80,7 @@ def emit(spec: ColumnSpec) -> str:
             loop.append(f"acc{j} += tl.where(mask, {value}, 0).to(tl.float32)")
         else:
             loop.append(f"t{j} = {expression(ins, dtype_of)}")
-    body.append("for r0 in range(first, first + rows_per_split, XBLOCK):")
+    body.append("for start in range(first, first + rows_per_split, XBLOCK):")   # (r0, r1.. index dims)
     body += ["    " + line for line in loop]
     for m, j in enumerate(spec.sums):
         body.append(f"tl.store(part{m} + tl.program_id(1){pid} * n_cols + cols, "
