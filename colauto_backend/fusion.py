@@ -53,6 +53,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
         report.warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
         return Fusion(unavailable=ok.reason)
     _split_layer_norm_backwards(gm.graph)
+    _merge_duplicate_casts(gm.graph)
     copies = _copy_shared_casts(gm.graph)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     region_of: dict[fx.Node, list[fx.Node]] = {}
@@ -143,6 +144,19 @@ def _split_layer_norm_backwards(graph: fx.Graph) -> None:
         graph.erase_node(columns)
 
 
+def _merge_duplicate_casts(graph: fx.Graph) -> None:
+    """Identical casts of one tensor -> one (autocast casts a linear layer's input once per layer: q, k
+    and v of one normalized tensor were three bf16 copies), so the cast can join its producer's kernel."""
+    first: dict[tuple, fx.Node] = {}
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
+        key = (node.args, tuple(sorted(node.kwargs.items(), key=lambda kv: kv[0])))
+        if key in first:
+            node.replace_all_uses_with(first[key])
+            graph.erase_node(node)
+        else:
+            first[key] = node
+
+
 def _copy_shared_casts(graph: fx.Graph) -> list[list[fx.Node]]:
     """A dtype cast read by several fusible ops -> one copy per reader, so each reader's kernel casts in
     registers instead of reading a cast materialized by aten (in a bf16 backward: every LayerNorm's
@@ -150,8 +164,8 @@ def _copy_shared_casts(graph: fx.Graph) -> list[list[fx.Node]]:
     each cast, for `_merge_unfused`."""
     groups = []
     for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
-        readers = list(node.users)
-        if len(readers) < 2 or not all(_lowerable(r) for r in readers):
+        readers = list(node.users)   # (views lead to matmuls: one cast, in its producer's kernel, serves them)
+        if len(readers) < 2 or not all(_lowerable(r) and _computes(r) for r in readers):
             continue
         group = [node]
         for reader in readers[1:]:
