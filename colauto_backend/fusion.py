@@ -66,13 +66,13 @@ def fuse(gm: fx.GraphModule) -> Fusion:
             continue
         # join the latest producer's region that takes it, then merge in any other producer's region that
         # also fits (RMSNorm's backward: a row sum broadcast back, and the rows it scales, meet here)
-        region = []
+        region, taken = [], set()
         for producer in sorted((p for p in node.all_input_nodes if p in region_of), key=order.get, reverse=True):
-            if region_of[producer] is region:
+            if producer in taken:       # its region is merged in already (regions are disjoint)
                 continue
             merged = sorted(region + region_of[producer], key=order.get)
             if _readers_follow(merged + group[:-1], group[-1], order) and _plans(merged + group):
-                region = merged
+                region, taken = merged, set(merged)
         region += group
         region_of.update(dict.fromkeys(region, region))
     out = Fusion()
@@ -180,8 +180,9 @@ def _copy_shared_casts(graph: fx.Graph) -> list[list[fx.Node]]:
 
 def _merge_unfused(graph: fx.Graph, groups: list[list[fx.Node]]) -> None:
     """The copies of a cast that no kernel took in stay aten ops: they become one again."""
+    alive = set(graph.nodes)
     for group in groups:
-        left = [n for n in group if n.graph is graph and n in graph.nodes]
+        left = [n for n in group if n in alive]
         for extra in left[1:]:
             extra.replace_all_uses_with(left[0])
             graph.erase_node(extra)

@@ -257,3 +257,19 @@ def test_two_producers_regions_meet_in_one_kernel():
     done = fusion.fuse(gm)
     assert (done.regions, done.ops) == (1, 5)
     torch.testing.assert_close(gm(x, y), f(x, y))
+
+
+def test_a_node_reading_one_region_twice_joins_it_once(recwarn):
+    """Two inputs from one region: the region is merged in once (no op computed twice, none erased twice)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(x):
+        a = aten.exp.default(x)
+        return aten.add.Tensor(a, aten.mul.Tensor(a, 2.0))
+    x = torch.randn(4, 8)
+    gm = make_fx(f, tracing_mode="fake")(x)
+    done = fusion.fuse(gm)
+    assert (done.regions, done.ops) == (1, 3)
+    assert not [w for w in recwarn if "erase_node" in str(w.message)]
+    torch.testing.assert_close(gm(x)[0] if isinstance(gm(x), (list, tuple)) else gm(x), f(x))
