@@ -8,8 +8,7 @@ from . import _triton, autotune, cache, colwise, pointwise, rowwise
 from .ir import NotFusible
 from .launch import Launch
 from .region import analyse
-from . import tuning as tuning_
-from .tuning import Tuning
+from .tuning import COLUMN_CANDIDATES, POINTWISE_CANDIDATES, ROW_CANDIDATES, Tuning
 
 
 def interpreting() -> bool:
@@ -86,8 +85,7 @@ def _plan(graph: fx.Graph, tensors: list, tuning: Tuning | None) -> Launch:
     return launch
 
 
-_CANDIDATES = {pointwise: tuning_.POINTWISE_CANDIDATES, rowwise: tuning_.ROW_CANDIDATES,
-               colwise: tuning_.COLUMN_CANDIDATES}
+_CANDIDATES = {pointwise: POINTWISE_CANDIDATES, rowwise: ROW_CANDIDATES, colwise: COLUMN_CANDIDATES}
 
 
 def _kind(region):
