@@ -21,14 +21,15 @@ def _fake_cuda_graph(fn, *shapes):
 @pytest.mark.parametrize("fn, reason", [
     (lambda x: aten.relu.default(aten.mul.Tensor(x, 2.0)), None),
     (lambda x: aten.add_.Tensor(x, 1.0), "mutates its input"),
-    ("nonzero", "depends on data"),
+    (aten.nonzero.default, "depends on data"),
+    (torch.ops._c10d_functional.wait_tensor.default, "collectives"),
     (lambda x: aten._to_copy.default(x, device="cpu"), "makes a tensor on cpu"),
-], ids=["pointwise", "in-place", "data-dependent", "to-cpu"])
+], ids=["pointwise", "in-place", "data-dependent", "collective", "to-cpu"])
 def test_which_graphs_can_be_recorded(fn, reason):
-    if fn == "nonzero":       # (make_fx cannot trace a data-dependent shape under fake tensors: built by hand)
+    if isinstance(fn, torch._ops.OpOverload):   # (make_fx cannot trace these here: the op is put in by hand)
         gm, inputs = _fake_cuda_graph(lambda x: aten.relu.default(x), (4, 8))
         relu = next(n for n in gm.graph.nodes if n.op == "call_function")
-        relu.target = aten.nonzero.default
+        relu.target = fn
     else:
         gm, inputs = _fake_cuda_graph(fn, (4, 8))
     got = cuda_graphs.why_not(gm, inputs)
