@@ -177,10 +177,7 @@ def static_input_indices(gm: torch.fx.GraphModule, is_backward: bool) -> list[in
     from torch._inductor.utils import count_tangents
     if is_backward:
         return list(range(count_tangents(gm)))
-    context = torch._guards.TracingContext.try_get()
-    if context is None or context.fw_metadata is None:
-        return []
-    return list(get_static_input_idxs(0))
+    return list(get_static_input_idxs(0))      # the compile's fw_metadata; none without one
 
 
 def mark_running_backward(device_index: int) -> None:

@@ -54,7 +54,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
         return Fusion(unavailable=ok.reason)
     _split_layer_norm_backwards(gm.graph)
     _merge_duplicate_casts(gm.graph)
-    copies = _copy_shared_casts(gm.graph)
+    _copy_shared_casts(gm.graph)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     region_of: dict[fx.Node, list[fx.Node]] = {}
     for node in gm.graph.nodes:
@@ -86,7 +86,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
         out.ops += sum(_computes(n) for n in region)
         out.bytes_saved += saved
         out.kernels.append(name)
-    _merge_unfused(gm.graph, copies)
+    _merge_duplicate_casts(gm.graph)     # the copies of a shared cast that no kernel took become one again
     gm.graph.lint()
     gm.recompile()
     return out
@@ -149,7 +149,7 @@ def _merge_duplicate_casts(graph: fx.Graph) -> None:
     and v of one normalized tensor were three bf16 copies), so the cast can join its producer's kernel."""
     first: dict[tuple, fx.Node] = {}
     for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
-        key = (node.args, tuple(sorted(node.kwargs.items(), key=lambda kv: kv[0])))
+        key = (node.args, tuple(sorted(node.kwargs.items())))
         if key in first:
             node.replace_all_uses_with(first[key])
             graph.erase_node(node)
@@ -157,35 +157,20 @@ def _merge_duplicate_casts(graph: fx.Graph) -> None:
             first[key] = node
 
 
-def _copy_shared_casts(graph: fx.Graph) -> list[list[fx.Node]]:
+def _copy_shared_casts(graph: fx.Graph) -> None:
     """A dtype cast read by several fusible ops -> one copy per reader, so each reader's kernel casts in
     registers instead of reading a cast materialized by aten (in a bf16 backward: every LayerNorm's
-    incoming gradient, read by the input-gradient rows and the weight-gradient columns). The copies of
-    each cast, for `_merge_unfused`."""
-    groups = []
+    incoming gradient, read by the input-gradient rows and the weight-gradient columns). Copies that no
+    kernel takes are merged again after fusion (`_merge_duplicate_casts`)."""
     for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
         readers = list(node.users)   # (views lead to matmuls: one cast, in its producer's kernel, serves them)
         if len(readers) < 2 or not all(_lowerable(r) and _computes(r) for r in readers):
             continue
-        group = [node]
         for reader in readers[1:]:
             with graph.inserting_before(reader):
                 copy = graph.node_copy(node)
             copy.meta.update(node.meta)
             reader.replace_input_with(node, copy)
-            group.append(copy)
-        groups.append(group)
-    return groups
-
-
-def _merge_unfused(graph: fx.Graph, groups: list[list[fx.Node]]) -> None:
-    """The copies of a cast that no kernel took in stay aten ops: they become one again."""
-    alive = set(graph.nodes)
-    for group in groups:
-        left = [n for n in group if n in alive]
-        for extra in left[1:]:
-            extra.replace_all_uses_with(left[0])
-            graph.erase_node(extra)
 
 
 def _readers_follow(region: list[fx.Node], last: fx.Node, order: dict) -> bool:
