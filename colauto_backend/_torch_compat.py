@@ -62,6 +62,19 @@ def shape_env_of(graph: torch.fx.Graph):
     return None
 
 
+def real_tensor(data, device: torch.device, shape: list[int]) -> torch.Tensor:
+    """A real tensor made while the backend compiles, which happens under a fake mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        return torch.tensor(data, device=device).view(shape)
+
+
+def fake_constant(val: torch.Tensor, constant: torch.Tensor) -> torch.Tensor:
+    """`constant` as a fake tensor of the fake mode that `val` belongs to (an example value for a node
+    that a pass adds)."""
+    return val.fake_mode.from_tensor(constant)
+
+
 def symbol_hints(shape_env) -> dict[sympy.Symbol, int]:
     """Size symbol -> its example value (`backed_var_to_val` in 2.13, `var_to_val` before)."""
     if shape_env is None:

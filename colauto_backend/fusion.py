@@ -28,7 +28,7 @@ import triton_kernels
 from triton_kernels import NotFusible
 
 from . import _torch_compat as compat
-from . import report
+from . import report, rotate_halves
 from .cost.flops import is_aliasing
 
 FALLBACKS = Counter()        # regions run as aten after the generator refused them at run time, by reason
@@ -44,6 +44,7 @@ class Fusion:
     bytes_saved: int = 0              # predicted: intermediates no longer written and read back
     kernels: list[str] = dataclasses.field(default_factory=list)   # custom op names
     unavailable: str | None = None    # why nothing was fused (Triton cannot run here)
+    rotations: int = 0                # RoPE half-rotation cats rewritten as pointwise ops (rotate_halves)
 
 
 def fuse(gm: fx.GraphModule) -> Fusion:
@@ -52,6 +53,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
     if not ok:
         report.warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
         return Fusion(unavailable=ok.reason)
+    rotations = rotate_halves.rewrite(gm)
     _split_layer_norm_backwards(gm.graph)
     _merge_duplicate_casts(gm.graph)
     _copy_shared_casts(gm.graph)
@@ -75,7 +77,7 @@ def fuse(gm: fx.GraphModule) -> Fusion:
                 region, taken = merged, set(merged)
         region += group
         region_of.update(dict.fromkeys(region, region))
-    out = Fusion()
+    out = Fusion(rotations=rotations)
     seen = set()
     for region in region_of.values():
         if id(region) in seen or not _worth_a_kernel(region):

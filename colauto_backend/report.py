@@ -153,7 +153,8 @@ def render_fusion(data: dict) -> str:
         return f"colauto triton fusion ({data['graph']}): none, {data['unavailable']}"
     return (f"colauto triton fusion ({data['graph']}): {data['regions']} regions, {data['ops']} aten ops in "
             f"{len(set(data['kernels']))} kernels, predicted {fmt_bytes(data['bytes_saved'])} of intermediates "
-            "not written to memory")
+            "not written to memory" + (f"; {data['rotations']} RoPE half-rotation cats made pointwise"
+                                       if data.get("rotations") else ""))
 
 
 def emit_fusion(data: dict, setting: str | None) -> None:
