@@ -133,7 +133,9 @@ def _codegen(config: cfg.Config) -> Callable:
     def run(gm, inputs, *, is_backward, is_inference=False):
         if config.codegen == "triton":
             from . import fusion   # local import: needs triton_kernels only when asked for
-            done = fusion.fuse(gm)
+            # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time
+            recorded = recorder is not None and recorder.reason(gm, inputs, is_backward=is_backward) is None
+            done = fusion.fuse(gm, lone_ops=recorded)
             kind = "inference" if is_inference else "backward" if is_backward else "forward"
             report.emit_fusion(dataclasses.asdict(done) | {"graph": kind}, config.report)
         fn = compat.run_as_aten(gm, inputs)

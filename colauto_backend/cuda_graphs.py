@@ -32,12 +32,15 @@ class Recorder:
         self.forward_device: int | None = None     # set when the forward was recorded
         self.report_setting = report_setting
 
+    def reason(self, gm: torch.fx.GraphModule, inputs: list, *, is_backward: bool) -> str | None:
+        """Why this graph will not be recorded, or None."""
+        if is_backward and self.forward_device is None:
+            return "its forward runs without CUDA graphs"
+        return why_not(gm, inputs)
+
     def wrap(self, fn: Callable, gm: torch.fx.GraphModule, inputs: list, *, is_backward: bool,
              is_inference: bool) -> Callable:
-        if is_backward and self.forward_device is None:
-            reason = "its forward runs without CUDA graphs"
-        else:
-            reason = why_not(gm, inputs)
+        reason = self.reason(gm, inputs, is_backward=is_backward)
         kind = "backward" if is_backward else "inference" if is_inference else "forward"
         report.emit_cuda_graphs({"graph": kind, "skipped": reason}, self.report_setting)
         if reason is not None:

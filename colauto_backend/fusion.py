@@ -46,15 +46,24 @@ class Fusion:
     unavailable: str | None = None    # why nothing was fused (Triton cannot run here)
     rotations: int = 0                # RoPE half-rotation cats rewritten as pointwise ops (rotate_halves)
 
+    def add(self, region: list[fx.Node], name: str, saved: int) -> None:
+        self.regions += 1
+        self.ops += sum(_computes(n) for n in region)
+        self.bytes_saved += saved
+        self.kernels.append(name)
 
-def fuse(gm: fx.GraphModule) -> Fusion:
-    """Replace `gm`'s fusible regions in place (each node needs its example value in meta["val"])."""
+
+def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
+    """Replace `gm`'s fusible regions in place (each node needs its example value in meta["val"]).
+    `lone_ops`: also run each op that joined no region as its own kernel (under CUDA graphs, where a
+    call costs no CPU time: aten casts a transposed bf16 weight gradient to fp32 at ~65% of copy)."""
     ok = triton_kernels.available()
     if not ok:
         report.warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
         return Fusion(unavailable=ok.reason)
     rotations = rotate_halves.rewrite(gm)
     _split_layer_norm_backwards(gm.graph)
+    _sink_views(gm.graph)
     _merge_duplicate_casts(gm.graph)
     _copy_shared_casts(gm.graph)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -83,12 +92,12 @@ def fuse(gm: fx.GraphModule) -> Fusion:
         if id(region) in seen or not _worth_a_kernel(region):
             continue
         seen.add(id(region))
-        name, saved = _replace(gm, region)
-        out.regions += 1
-        out.ops += sum(_computes(n) for n in region)
-        out.bytes_saved += saved
-        out.kernels.append(name)
+        out.add(region, *_replace(gm, region))
     _merge_duplicate_casts(gm.graph)     # the copies of a shared cast that no kernel took become one again
+    if lone_ops:
+        for node in [n for n in gm.graph.nodes if _lowerable(n) and _computes(n)]:
+            if isinstance(node.meta["val"], torch.Tensor) and _plans([node]):
+                out.add([node], *_replace(gm, [node]))
     gm.graph.lint()
     gm.recompile()
     return out
@@ -144,6 +153,23 @@ def _split_layer_norm_backwards(graph: fx.Graph) -> None:
             continue
         graph.erase_node(grad_input)
         graph.erase_node(columns)
+
+
+def _sink_views(graph: fx.Graph) -> None:
+    """Move each view (detach included) down to just before its first reader. A fused call sits at its
+    region's last node, so an outside reader placed between the region's nodes keeps the region from
+    growing past it: AOT detaches RMSNorm's rstd for the backward right after computing it, which kept
+    `x * rstd` out of the row kernel. A view computes nothing, so where it runs does not matter, unless
+    an in-place op could run in between: graphs with one are left as they are."""
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in graph.nodes):
+        return
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and is_aliasing(node.target) and node.users:
+            first = min(node.users, key=order.get)
+            if order[first] > order[node] + 1:
+                first.prepend(node)
+                order[node] = order[first] - 0.5
 
 
 def _merge_duplicate_casts(graph: fx.Graph) -> None:

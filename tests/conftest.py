@@ -29,3 +29,18 @@ def fresh_dynamo(monkeypatch):
     ANALYSES.clear()    # bounded history: counts in tests start from empty
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def fused_graphs(monkeypatch):
+    """Every graph that COLAUTO_CODEGEN=triton fuses, as (graph module after fusion, fusion.Fusion)."""
+    from colauto_backend import fusion
+    seen = []
+    real = fusion.fuse
+
+    def spy(gm, **kwargs):
+        done = real(gm, **kwargs)
+        seen.append((gm, done))
+        return done
+    monkeypatch.setattr(fusion, "fuse", spy)
+    return seen

@@ -18,12 +18,10 @@ NATIVE = [n for n in MODEL_NAMES if not n.startswith("hf_")]
 
 
 @pytest.mark.parametrize("name", NATIVE)
-def test_training_matches_eager_with_generated_kernels(name, monkeypatch):
-    done = []
-    real = fusion.fuse
-    monkeypatch.setattr(fusion, "fuse", lambda gm: done.append(real(gm)) or done[-1])
+def test_training_matches_eager_with_generated_kernels(name, fused_graphs):
     fallbacks = sum(fusion.FALLBACKS.values())
     check_matches_eager(name, "triton")
+    done = [d for _, d in fused_graphs]
     assert len(done) == 2 and not any(d.unavailable for d in done)     # forward and backward graphs
     assert sum(d.ops for d in done) >= 2, "nothing was fused: the test would not exercise a kernel"
     assert sum(fusion.FALLBACKS.values()) == fallbacks                  # every region ran its kernel
@@ -31,19 +29,11 @@ def test_training_matches_eager_with_generated_kernels(name, monkeypatch):
         assert d.regions == len(d.kernels)
 
 
-def test_fused_graph_calls_custom_ops_in_place_of_the_region(monkeypatch):
+def test_fused_graph_calls_custom_ops_in_place_of_the_region(fused_graphs):
     model, make = build("llama")
     x, y = make(2, 8)
-    graphs = []
-    real = fusion.fuse
-
-    def spy(gm):
-        out = real(gm)
-        graphs.append((gm, out))
-        return out
-    monkeypatch.setattr(fusion, "fuse", spy)
     torch.compile(model, backend="colauto", options={"codegen": "triton"})(x, y).backward()
-    gm, done = graphs[0]
+    gm, done = fused_graphs[0]
     called = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert sum(str(t).startswith("colauto.fused_") for t in called) == done.regions > 0
     assert torch.ops.aten.rsqrt.default not in called           # RMSNorm's chain went into a kernel
@@ -85,19 +75,12 @@ def test_bad_print_kernels_value_is_one_line(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "cnn"])
-def test_cross_entropy_runs_as_the_hand_written_kernels(name, monkeypatch):
+def test_cross_entropy_runs_as_the_hand_written_kernels(name, fused_graphs):
     """aten's log_softmax + nll_loss pairs (forward and backward) become colauto::cross_entropy_fwd/bwd:
     no [N, V] log-probabilities in either graph; training still equals eager (test above)."""
-    targets = []
-    real = fusion.fuse
-
-    def spy(gm):
-        targets.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
-        return real(gm)
-    monkeypatch.setattr(fusion, "fuse", spy)
     model, make = build(name)
     torch.compile(model, backend="colauto", options={"codegen": "triton"})(*make(2, 16 if name == "cnn" else 8)).backward()
-    forward, backward = targets
+    forward, backward = ({str(n.target) for n in gm.graph.nodes if n.op == "call_function"} for gm, _ in fused_graphs)
     assert "colauto.cross_entropy_fwd.default" in forward and "colauto.cross_entropy_bwd.default" in backward
     assert "colauto.cross_entropy_fwd.default" not in backward        # lse is saved, not recomputed
     assert not {t for t in forward | backward if "log_softmax" in t or "nll_loss" in t}
@@ -117,12 +100,9 @@ class _HalfHead(torch.nn.Module):
 
 @pytest.mark.parametrize("batch,dynamic", [((12,), False), ((3, 4), False), ((3, 4), True)],
                          ids=["2d", "3d-then-flattened", "3d-symbolic-sizes"])
-def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch, batch, dynamic):
+def test_cross_entropy_reads_half_logits_without_an_fp32_copy(fused_graphs, batch, dynamic):
     """The fp32 copy of bf16 logits and its fp32 gradient are dropped: the kernels read bf16 and write
     the bf16 gradient; loss and gradients equal eager's (which computes in fp32 and rounds the same)."""
-    seen = []
-    real = fusion.fuse
-    monkeypatch.setattr(fusion, "fuse", lambda gm: seen.append(gm) or real(gm))
     torch.manual_seed(0)
     model = _HalfHead()
     ref = _HalfHead()
@@ -135,6 +115,7 @@ def test_cross_entropy_reads_half_logits_without_an_fp32_copy(monkeypatch, batch
     torch.testing.assert_close(loss, want)
     for p, q in zip(model.parameters(), ref.parameters()):   # the fp32 gradients' sums differ in order:
         torch.testing.assert_close(p.grad, q.grad, rtol=1.6e-2, atol=1e-2 * q.grad.abs().max().item())  # bf16 ulps
+    seen = [gm for gm, _ in fused_graphs]
     assert len(seen) == 2
     ce = [n for gm in seen for n in gm.graph.nodes if str(n.target).startswith("colauto.cross_entropy")]
     assert len(ce) == 2 and all(n.args[0 if "fwd" in str(n.target) else 1].meta["val"].dtype == torch.bfloat16 for n in ce)
@@ -160,16 +141,13 @@ def test_regions_of_cuda_graphs_with_device_constants_are_planned_on_cuda():
     assert not {aten.exp.default, aten.mul.Tensor} & {n.target for n in gm.graph.nodes}
 
 
-def test_layer_norm_backward_splits_so_its_input_gradient_fuses(monkeypatch):
+def test_layer_norm_backward_splits_so_its_input_gradient_fuses(fused_graphs):
     """The backward's LayerNorms are split into the input gradient and the weight/bias column sums,
     and both run as kernels, as do the bias gradients' sums: none stays aten. Training equality is the
     test above."""
-    seen = []
-    real = fusion.fuse
-    monkeypatch.setattr(fusion, "fuse", lambda gm: seen.append(gm) or real(gm))
     model, make = build("gpt2")
     torch.compile(model, backend="colauto", options={"codegen": "triton"})(*make(2, 8)).backward()
-    nodes = list(seen[1].graph.nodes)
+    nodes = list(fused_graphs[1][0].graph.nodes)
     assert torch.ops.aten.native_layer_norm_backward.default not in {n.target for n in nodes}
     column_sums = [n for n in nodes if n.target is torch.ops.aten.sum.dim_IntList
                    and sorted(n.args[1]) == list(range(n.args[0].meta["val"].dim() - 1))]
@@ -188,6 +166,43 @@ def test_a_lone_cast_or_other_op_is_no_kernel():
         gelu = make_fx(lambda x: aten.mm.default(aten.gelu.default(x), x.new_ones(8, 8)))(x)
     # a kernel call costs more CPU time than it saves GPU time on one op (LayerNorm backward aside)
     assert [fusion.fuse(g).regions for g in (widening, narrowing, gelu)] == [0, 0, 0]
+
+
+def test_under_cuda_graphs_a_lone_op_is_a_kernel_of_its_own():
+    """fuse(lone_ops=True), which the backend asks for when the graph will be replayed: each op that joined
+    no region runs as a kernel; the transposed weight gradient's cast keeps its strides, as aten's does."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(g, x):
+        wgrad = aten._to_copy.default(aten.t.default(aten.mm.default(g, x)), dtype=torch.float32)
+        return wgrad, aten.gelu.default(g)
+    g, x = torch.randn(6, 5, dtype=torch.bfloat16), torch.randn(5, 7, dtype=torch.bfloat16)
+    for lone_ops, regions in ((False, 0), (True, 2)):
+        gm = make_fx(f, tracing_mode="fake")(g, x)
+        assert fusion.fuse(gm, lone_ops=lone_ops).regions == regions
+        for got, ref in zip(gm(g, x), f(g, x)):
+            assert got.stride() == ref.stride()
+            torch.testing.assert_close(got, ref)
+    assert {aten._to_copy.default, aten.gelu.default}.isdisjoint(n.target for n in gm.graph.nodes)
+
+
+def test_a_view_read_between_a_regions_nodes_does_not_split_it():
+    """AOT detaches RMSNorm's rstd for the backward right after computing it, before `x * rstd * w`: the
+    detach is moved down to its reader, so the whole norm is one kernel (it was two)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(x, w):
+        rstd = aten.rsqrt.default(aten.add.Tensor(aten.mean.dim(aten.mul.Tensor(x, x), [-1], True), 1e-6))
+        saved = aten.detach.default(rstd)
+        return aten.mul.Tensor(aten.mul.Tensor(x, rstd), w), saved
+    x, w = torch.randn(6, 5), torch.randn(5)
+    gm = make_fx(f, tracing_mode="fake")(x, w)
+    assert fusion.fuse(gm).regions == 1
+    assert aten.mul.Tensor not in {n.target for n in gm.graph.nodes}
+    for got, ref in zip(gm(x, w), f(x, w)):
+        torch.testing.assert_close(got, ref)
 
 
 def test_a_cast_read_by_two_kernels_is_cast_inside_each():
