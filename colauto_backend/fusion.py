@@ -28,8 +28,8 @@ import triton_kernels
 from triton_kernels import NotFusible
 
 from . import _torch_compat as compat
+from . import fusion_prep as prep
 from . import report, rotate_halves
-from .cost.flops import is_aliasing
 
 FALLBACKS = Counter()        # regions run as aten after the generator refused them at run time, by reason
 _OPS: dict[str, object] = {}  # custom op name -> op, defined once per process
@@ -48,7 +48,7 @@ class Fusion:
 
     def add(self, region: list[fx.Node], name: str, saved: int) -> None:
         self.regions += 1
-        self.ops += sum(_computes(n) for n in region)
+        self.ops += sum(prep.computes(n) for n in region)
         self.bytes_saved += saved
         self.kernels.append(name)
 
@@ -62,14 +62,15 @@ def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
         report.warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
         return Fusion(unavailable=ok.reason)
     rotations = rotate_halves.rewrite(gm)
-    _split_layer_norm_backwards(gm.graph)
-    _sink_views(gm.graph)
-    _merge_duplicate_casts(gm.graph)
-    _copy_shared_casts(gm.graph)
+    prep.split_layer_norm_backwards(gm.graph)
+    prep.fold_expands(gm.graph)
+    prep.sink_views(gm.graph)
+    prep.merge_duplicate_casts(gm.graph)
+    prep.copy_shared_casts(gm.graph)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     region_of: dict[fx.Node, list[fx.Node]] = {}
     for node in gm.graph.nodes:
-        if node in region_of or not _lowerable(node):
+        if node in region_of or not prep.lowerable(node):
             continue
         # a tuple-valued op (LayerNorm: out, mean, rstd) moves with the getitems that unpack it
         group = [node] + sorted((u for u in node.users if u.target is operator.getitem), key=order.get)
@@ -93,25 +94,14 @@ def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
             continue
         seen.add(id(region))
         out.add(region, *_replace(gm, region))
-    _merge_duplicate_casts(gm.graph)     # the copies of a shared cast that no kernel took become one again
+    prep.merge_duplicate_casts(gm.graph)     # the copies of a shared cast that no kernel took become one again
     if lone_ops:
-        for node in [n for n in gm.graph.nodes if _lowerable(n) and _computes(n)]:
+        for node in [n for n in gm.graph.nodes if prep.lowerable(n) and prep.computes(n)]:
             if isinstance(node.meta["val"], torch.Tensor) and _plans([node]):
                 out.add([node], *_replace(gm, [node]))
     gm.graph.lint()
     gm.recompile()
     return out
-
-
-def _lowerable(node: fx.Node) -> bool:
-    return (node.op == "call_function" and node.target in triton_kernels.RULES
-            and isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)))
-
-
-def _computes(node: fx.Node) -> bool:
-    """Not a getitem or a view: an op that writes memory when it runs as aten."""
-    return node.target is not operator.getitem and not (
-        isinstance(node.target, torch._ops.OpOverload) and is_aliasing(node.target))
 
 
 # ops that a generated kernel runs well enough faster than aten to pay for its call alone (H100 profiles:
@@ -120,85 +110,11 @@ _SLOW_IN_ATEN = (torch.ops.aten.native_layer_norm_backward.default, torch.ops.at
 
 
 def _worth_a_kernel(region: list[fx.Node]) -> bool:
-    computing = [n for n in region if _computes(n)]
+    computing = [n for n in region if prep.computes(n)]
     if len(computing) >= 2:
         return True
     lone_but_slow_in_aten = len(computing) == 1 and computing[0].target in _SLOW_IN_ATEN
     return lone_but_slow_in_aten and _plans(region)     # a region of one node was never checked
-
-
-def _split_layer_norm_backwards(graph: fx.Graph) -> None:
-    """native_layer_norm_backward(..., [True, w, b]) -> one node for the input gradient (fusible) and
-    one with output_mask [False, w, b] for the weight and bias gradients; readers move to the one
-    computing what they read."""
-    nlnb = torch.ops.aten.native_layer_norm_backward.default
-    for node in [n for n in graph.nodes if n.target is nlnb]:
-        mask = list(node.args[7])
-        if not mask[0] or not (mask[1] or mask[2]) or not isinstance(node.meta.get("val"), (tuple, list)):
-            continue
-        val = node.meta["val"]
-        with graph.inserting_before(node):
-            grad_input = graph.call_function(nlnb, (*node.args[:7], [True, False, False]), dict(node.kwargs))
-            columns = graph.call_function(nlnb, (*node.args[:7], [False, *mask[1:]]), dict(node.kwargs))
-        for new, keep in ((grad_input, (0,)), (columns, (1, 2))):
-            new.meta.update(node.meta)
-            new.meta["val"] = tuple(v if i in keep else None for i, v in enumerate(val))
-        for user in list(node.users):
-            if user.target is not operator.getitem:    # only getitems read a tuple; leave anything else whole
-                break
-        else:
-            for user in list(node.users):
-                user.replace_input_with(node, grad_input if user.args[1] == 0 else columns)
-            graph.erase_node(node)
-            continue
-        graph.erase_node(grad_input)
-        graph.erase_node(columns)
-
-
-def _sink_views(graph: fx.Graph) -> None:
-    """Move each view (detach included) down to just before its first reader. A fused call sits at its
-    region's last node, so an outside reader placed between the region's nodes keeps the region from
-    growing past it: AOT detaches RMSNorm's rstd for the backward right after computing it, which kept
-    `x * rstd` out of the row kernel. A view computes nothing, so where it runs does not matter, unless
-    an in-place op could run in between: graphs with one are left as they are."""
-    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in graph.nodes):
-        return
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    for node in reversed(list(graph.nodes)):
-        if node.op == "call_function" and is_aliasing(node.target) and node.users:
-            first = min(node.users, key=order.get)
-            if order[first] > order[node] + 1:
-                first.prepend(node)
-                order[node] = order[first] - 0.5
-
-
-def _merge_duplicate_casts(graph: fx.Graph) -> None:
-    """Identical casts of one tensor -> one (autocast casts a linear layer's input once per layer: q, k
-    and v of one normalized tensor were three bf16 copies), so the cast can join its producer's kernel."""
-    first: dict[tuple, fx.Node] = {}
-    for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
-        key = (node.args, tuple(sorted(node.kwargs.items())))
-        if key in first:
-            node.replace_all_uses_with(first[key])
-            graph.erase_node(node)
-        else:
-            first[key] = node
-
-
-def _copy_shared_casts(graph: fx.Graph) -> None:
-    """A dtype cast read by several fusible ops -> one copy per reader, so each reader's kernel casts in
-    registers instead of reading a cast materialized by aten (in a bf16 backward: every LayerNorm's
-    incoming gradient, read by the input-gradient rows and the weight-gradient columns). Copies that no
-    kernel takes are merged again after fusion (`_merge_duplicate_casts`)."""
-    for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
-        readers = list(node.users)   # (views lead to matmuls: one cast, in its producer's kernel, serves them)
-        if len(readers) < 2 or not all(_lowerable(r) and _computes(r) for r in readers):
-            continue
-        for reader in readers[1:]:
-            with graph.inserting_before(reader):
-                copy = graph.node_copy(node)
-            copy.meta.update(node.meta)
-            reader.replace_input_with(node, copy)
 
 
 def _readers_follow(region: list[fx.Node], last: fx.Node, order: dict) -> bool:
@@ -253,7 +169,7 @@ def _replace(gm: fx.GraphModule, region: list[fx.Node]) -> tuple[str, int]:
             item = gm.graph.call_function(operator.getitem, (call, k))
             item.meta["val"] = n.meta["val"]
             n.replace_all_uses_with(item, delete_user_cb=lambda u: u not in region)
-    saved = sum(2 * _nbytes(n.meta.get("val")) for n in region if n not in outputs and _computes(n))
+    saved = sum(2 * _nbytes(n.meta.get("val")) for n in region if n not in outputs and prep.computes(n))
     for n in reversed(region):
         gm.graph.erase_node(n)
     return name, saved

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not importable: COLAUTO_CODEGEN=triton has nothing to run")
 
-from colauto_backend import fusion, report  # noqa: E402
+from colauto_backend import fusion, fusion_prep, report  # noqa: E402
 from examples.models import MODEL_NAMES, build  # noqa: E402
 from test_training import check_matches_eager  # noqa: E402
 
@@ -202,6 +202,33 @@ def test_a_view_read_between_a_regions_nodes_does_not_split_it():
     assert fusion.fuse(gm).regions == 1
     assert aten.mul.Tensor not in {n.target for n in gm.graph.nodes}
     for got, ref in zip(gm(x, w), f(x, w)):
+        torch.testing.assert_close(got, ref)
+
+
+def test_an_expand_read_by_pointwise_ops_folds_into_their_broadcast():
+    """The mean's backward in RMSNorm: expand(per-row value) / C * x. The division moves before the expand
+    and the expand disappears into the multiply's broadcast, so norm and rows are one row kernel. A
+    clone of an expand (a materialized repeat, then viewed) keeps its layout: it is left alone."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(g, x):
+        per_row = aten.sum.dim_IntList(aten.mul.Tensor(g, x), [-1], True)
+        spread = aten.div.Scalar(aten.expand.default(per_row, [4, 3, 5]), 5)
+        repeated = aten.clone.default(aten.expand.default(aten.unsqueeze.default(x, 1), [4, 2, 3, 5]))
+        return aten.mul.Tensor(spread, x), aten.view.default(repeated, [8, 3, 5])
+    g, x = torch.randn(4, 3, 5), torch.randn(4, 3, 5)
+    folded = make_fx(f, tracing_mode="fake")(g, x)
+    fusion_prep.fold_expands(folded.graph)
+    folded.recompile()
+    left = [n.target for n in folded.graph.nodes if n.op == "call_function"]
+    assert left.count(aten.expand.default) == 1                     # the repeat's
+    for got, ref in zip(folded(g, x), f(g, x)):                     # the rewrite alone: bit for bit
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    gm = make_fx(f, tracing_mode="fake")(g, x)
+    assert fusion.fuse(gm).regions == 1
+    assert aten.div.Scalar not in {n.target for n in gm.graph.nodes}
+    for got, ref in zip(gm(g, x), f(g, x)):
         torch.testing.assert_close(got, ref)
 
 

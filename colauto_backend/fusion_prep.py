@@ -1,0 +1,152 @@
+"""Exact rewrites of a planned graph that let more of it fuse (COLAUTO_CODEGEN=triton, before fusion.fuse
+forms regions), and the node predicates they share with it. Each rewrite computes what the graph
+computed, bit for bit."""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+import triton_kernels
+
+from .cost.flops import is_aliasing
+
+aten = torch.ops.aten
+
+
+def lowerable(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target in triton_kernels.RULES
+            and isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)))
+
+
+def computes(node: fx.Node) -> bool:
+    """Not a getitem or a view: an op that writes memory when it runs as aten."""
+    return node.target is not operator.getitem and not (
+        isinstance(node.target, torch._ops.OpOverload) and is_aliasing(node.target))
+
+
+def split_layer_norm_backwards(graph: fx.Graph) -> None:
+    """native_layer_norm_backward(..., [True, w, b]) -> one node for the input gradient (fusible) and
+    one with output_mask [False, w, b] for the weight and bias gradients; readers move to the one
+    computing what they read."""
+    nlnb = torch.ops.aten.native_layer_norm_backward.default
+    for node in [n for n in graph.nodes if n.target is nlnb]:
+        mask = list(node.args[7])
+        if not mask[0] or not (mask[1] or mask[2]) or not isinstance(node.meta.get("val"), (tuple, list)):
+            continue
+        val = node.meta["val"]
+        with graph.inserting_before(node):
+            grad_input = graph.call_function(nlnb, (*node.args[:7], [True, False, False]), dict(node.kwargs))
+            columns = graph.call_function(nlnb, (*node.args[:7], [False, *mask[1:]]), dict(node.kwargs))
+        for new, keep in ((grad_input, (0,)), (columns, (1, 2))):
+            new.meta.update(node.meta)
+            new.meta["val"] = tuple(v if i in keep else None for i, v in enumerate(val))
+        for user in list(node.users):
+            if user.target is not operator.getitem:    # only getitems read a tuple; leave anything else whole
+                break
+        else:
+            for user in list(node.users):
+                user.replace_input_with(node, grad_input if user.args[1] == 0 else columns)
+            graph.erase_node(node)
+            continue
+        graph.erase_node(grad_input)
+        graph.erase_node(columns)
+
+
+def sink_views(graph: fx.Graph) -> None:
+    """Move each view (detach included) down to just before its first reader. A fused call sits at its
+    region's last node, so an outside reader placed between the region's nodes keeps the region from
+    growing past it: AOT detaches RMSNorm's rstd for the backward right after computing it, which kept
+    `x * rstd` out of the row kernel. A view computes nothing, so where it runs does not matter, unless
+    an in-place op could run in between: graphs with one are left as they are."""
+    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in graph.nodes):
+        return
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and is_aliasing(node.target) and node.users:
+            first = min(node.users, key=order.get)
+            if order[first] > order[node] + 1:
+                first.prepend(node)
+                order[node] = order[first] - 0.5
+
+
+def merge_duplicate_casts(graph: fx.Graph) -> None:
+    """Identical casts of one tensor -> one (autocast casts a linear layer's input once per layer: q, k
+    and v of one normalized tensor were three bf16 copies), so the cast can join its producer's kernel."""
+    first: dict[tuple, fx.Node] = {}
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
+        key = (node.args, tuple(sorted(node.kwargs.items())))
+        if key in first:
+            node.replace_all_uses_with(first[key])
+            graph.erase_node(node)
+        else:
+            first[key] = node
+
+
+def copy_shared_casts(graph: fx.Graph) -> None:
+    """A dtype cast read by several fusible ops -> one copy per reader, so each reader's kernel casts in
+    registers instead of reading a cast materialized by aten (in a bf16 backward: every LayerNorm's
+    incoming gradient, read by the input-gradient rows and the weight-gradient columns). Copies that no
+    kernel takes are merged again after fusion (`merge_duplicate_casts`)."""
+    for node in [n for n in graph.nodes if n.target is torch.ops.aten._to_copy.default]:
+        readers = list(node.users)   # (views lead to matmuls: one cast, in its producer's kernel, serves them)
+        if len(readers) < 2 or not all(lowerable(r) and computes(r) for r in readers):
+            continue
+        for reader in readers[1:]:
+            with graph.inserting_before(reader):
+                copy = graph.node_copy(node)
+            copy.meta.update(node.meta)
+            reader.replace_input_with(node, copy)
+
+
+def fold_expands(graph: fx.Graph) -> None:
+    """An expand read by pointwise ops disappears into their broadcasting: a unary op (scalars aside) of
+    an expand becomes the op of the expanded value, expanded; an expand beside a full-size operand is
+    dropped. The mean's backward in RMSNorm, expand(per-row sum) / C * x, is then a per-row division
+    broadcast in a multiply, all inside the row kernel; the expand, stored as a region output while the
+    region grew, kept the norm's backward in two kernels."""
+    changed = True
+    while changed:
+        changed = False
+        for expand in [n for n in graph.nodes if n.target is aten.expand.default]:
+            for user in list(expand.users):
+                changed |= _fold_into(graph, expand, user)
+            if not expand.users:
+                graph.erase_node(expand)
+
+
+def _fold_into(graph: fx.Graph, expand: fx.Node, user: fx.Node) -> bool:
+    if not _pointwise(user) or user.target is aten.clone.default:
+        return False
+    source = expand.args[0]
+    others = [a for a in user.all_input_nodes if a is not expand]
+    if not all(isinstance(a.meta.get("val"), torch.Tensor) for a in [source, *others]):
+        return False
+    args, kwargs = fx.map_arg((user.args, user.kwargs), lambda a: source if a is expand else a)
+    val = user.target(*fx.map_arg(args, _val), **fx.map_arg(kwargs, _val))
+    if others:          # the op broadcasts the source itself: same result, same layout, or leave it
+        if val.shape != user.meta["val"].shape or val.stride() != user.meta["val"].stride():
+            return False
+        user.replace_input_with(expand, source)
+        return True
+    # a unary op: compute it on the source, expand after; its readers must not care about layout
+    if not all(_pointwise(r) for r in user.users):
+        return False
+    with graph.inserting_before(user):
+        inner = graph.call_function(user.target, args, kwargs)
+        inner.meta["val"] = val
+        outer = graph.call_function(aten.expand.default, (inner, *expand.args[1:]), dict(expand.kwargs))
+        outer.meta["val"] = aten.expand.default(val, *expand.args[1:], **expand.kwargs)
+    user.replace_all_uses_with(outer)
+    graph.erase_node(user)
+    return True
+
+
+def _pointwise(node: fx.Node) -> bool:
+    return (isinstance(node.target, torch._ops.OpOverload) and torch.Tag.pointwise in node.target.tags
+            and isinstance(node.meta.get("val"), torch.Tensor))
+
+
+def _val(node: fx.Node):
+    return node.meta["val"]
