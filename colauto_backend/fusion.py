@@ -77,13 +77,18 @@ def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
         if len(group) == 1 and not isinstance(node.meta["val"], torch.Tensor):
             continue
         # join the latest producer's region that takes it, then merge in any other producer's region that
-        # also fits (RMSNorm's backward: a row sum broadcast back, and the rows it scales, meet here)
+        # also fits (RMSNorm's backward: a row sum broadcast back, and the rows it scales, meet here), then
+        # any region that reads what it reads (SwiGLU's backward: grad * silu(gate) beside silu's backward)
+        producers = sorted((p for p in node.all_input_nodes if p in region_of), key=order.get, reverse=True)
+        siblings = sorted({u for p in node.all_input_nodes for u in p.users if u in region_of and u is not node
+                           and not _only_casts(region_of[u])} - set(producers),
+                          key=order.get, reverse=True) if not _only_casts([node]) else []
         region, taken = [], set()
-        for producer in sorted((p for p in node.all_input_nodes if p in region_of), key=order.get, reverse=True):
-            if producer in taken:       # its region is merged in already (regions are disjoint)
+        for other in producers + siblings:
+            if other in taken:          # its region is merged in already (regions are disjoint)
                 continue
-            merged = sorted(region + region_of[producer], key=order.get)
-            if _readers_follow(merged + group[:-1], group[-1], order) and _plans(merged + group):
+            merged = sorted(region + region_of[other], key=order.get)
+            if _placeable(merged + group, order) and _plans(merged + group):
                 region, taken = merged, set(merged)
         region += group
         region_of.update(dict.fromkeys(region, region))
@@ -117,9 +122,32 @@ def _worth_a_kernel(region: list[fx.Node]) -> bool:
     return lone_but_slow_in_aten and _plans(region)     # a region of one node was never checked
 
 
-def _readers_follow(region: list[fx.Node], last: fx.Node, order: dict) -> bool:
-    """The fused call will sit at `last`: every reader of the region outside it must come later."""
-    return all(order[u] > order[last] for r in region for u in r.users if u is not last and u not in region)
+def _only_casts(region: list[fx.Node]) -> bool:
+    """Views and casts alone: as a sibling, nothing to share but copies of one tensor (copy_shared_casts
+    made them for their readers' kernels; the ones no kernel takes become one again)."""
+    return all(n.target is torch.ops.aten._to_copy.default or not prep.computes(n) for n in region)
+
+
+def _placeable(region: list[fx.Node], order: dict) -> bool:
+    """One call can compute the region: every input it reads is ready before any outside reader of its
+    results runs (the call goes at `_call_site`)."""
+    inside = set(region)
+    inputs = [a for n in region for a in n.all_input_nodes if a not in inside]
+    readers = [u for n in region for u in n.users if u not in inside]
+    return not inputs or not readers or max(map(order.__getitem__, inputs)) < min(map(order.__getitem__, readers))
+
+
+def _call_site(region: list[fx.Node]) -> fx.Node:
+    """The node the fused call goes before: after the region's last node, unless an outside reader of
+    its results lies between its nodes (a sibling region merged in): then before the first such reader."""
+    inside = set(region)
+    readers = {u for n in region for u in n.users if u not in inside}
+    node = region[0]
+    while node is not region[-1]:
+        if node in readers:
+            return node
+        node = node.next
+    return region[-1].next
 
 
 def _subgraph(region: list[fx.Node]) -> tuple[fx.Graph, list[fx.Node], list[fx.Node]]:
@@ -162,7 +190,7 @@ def _example(val):
 def _replace(gm: fx.GraphModule, region: list[fx.Node]) -> tuple[str, int]:
     graph, inputs, outputs = _subgraph(region)
     op, name = _custom_op(graph)
-    with gm.graph.inserting_after(region[-1]):
+    with gm.graph.inserting_before(_call_site(region)):
         call = gm.graph.call_function(op, (list(inputs),))
     with gm.graph.inserting_after(call):
         for k, n in enumerate(outputs):

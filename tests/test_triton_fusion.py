@@ -232,6 +232,25 @@ def test_an_expand_read_by_pointwise_ops_folds_into_their_broadcast():
         torch.testing.assert_close(got, ref)
 
 
+def test_ops_reading_the_same_tensor_share_a_kernel_placed_before_the_first_reader():
+    """SwiGLU's backward: grad * silu(gate) (read by a matmul at once) and silu's backward of grad * up
+    (read later) both read grad: one kernel computes both, called before the first matmul."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(grad, gate, up, silu, w):
+        up_grad = aten.mm.default(aten.mul.Tensor(grad, silu), w)
+        gate_grad = aten.silu_backward.default(aten.mul.Tensor(grad, up), gate)
+        return up_grad, aten.mm.default(gate_grad, w)
+    args = [torch.randn(6, 4) for _ in range(4)] + [torch.randn(4, 3)]
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    done = fusion.fuse(gm)
+    assert (done.regions, done.ops) == (1, 3)
+    assert not {aten.mul.Tensor, aten.silu_backward.default} & {n.target for n in gm.graph.nodes}
+    for got, ref in zip(gm(*args), f(*args)):
+        torch.testing.assert_close(got, ref)
+
+
 def test_a_cast_read_by_two_kernels_is_cast_inside_each():
     """bf16 -> fp32 read by two fused regions: no aten cast stays; each kernel reads the bf16 tensor.
     The fused graph computes what the graph computed."""
