@@ -64,6 +64,7 @@ def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
     rotations = rotate_halves.rewrite(gm)
     prep.split_layer_norm_backwards(gm.graph)
     prep.fold_expands(gm.graph)
+    prep.unroll_small_sums(gm.graph)
     prep.sink_views(gm.graph)
     prep.merge_duplicate_casts(gm.graph)
     prep.copy_shared_casts(gm.graph)

@@ -4,6 +4,7 @@ computed, bit for bit."""
 from __future__ import annotations
 
 import operator
+from fractions import Fraction
 
 import torch
 import torch.fx as fx
@@ -62,13 +63,14 @@ def sink_views(graph: fx.Graph) -> None:
     an in-place op could run in between: graphs with one are left as they are."""
     if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in graph.nodes):
         return
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    order = {n: Fraction(i) for i, n in enumerate(graph.nodes)}    # exact positions, also between moved nodes
     for node in reversed(list(graph.nodes)):
         if node.op == "call_function" and is_aliasing(node.target) and node.users:
-            first = min(node.users, key=order.get)
-            if order[first] > order[node] + 1:
+            first = min(node.users, key=order.__getitem__)
+            if first is not node.next:
+                before = first.prev
                 first.prepend(node)
-                order[node] = order[first] - 0.5
+                order[node] = (order[before] + order[first]) / 2
 
 
 def merge_duplicate_casts(graph: fx.Graph) -> None:
@@ -150,3 +152,87 @@ def _pointwise(node: fx.Node) -> bool:
 
 def _val(node: fx.Node):
     return node.meta["val"]
+
+
+SMALL_SUM = 8       # a sum over a middle dim this short becomes adds (grouped-query attention: heads / kv heads)
+
+
+def unroll_small_sums(graph: fx.Graph) -> None:
+    """sum(x, [d]) over a short middle dim -> x[:, .., 0] + x[:, .., 1] + ...: selects are views, adds are
+    pointwise, so the sum joins the kernels around it (the generator reduces only the last dim). In
+    grouped-query attention's backward, the key and value gradients are such sums over the query heads
+    sharing a kv head, in fp32 after a cast: the cast moves onto the selects, into the same kernel. Half
+    inputs are added in fp32 and rounded once, as aten's sum does."""
+    for node in [n for n in graph.nodes if n.target is aten.sum.dim_IntList]:
+        match = _small_middle_sum(node)
+        if match is None:
+            continue
+        x, dim, keepdim = match
+        source, cast = _through_cast(x)
+        val = source.meta["val"]
+        wide = torch.float32 if val.dtype in (torch.float16, torch.bfloat16) else None
+        with graph.inserting_before(node):
+            terms = []
+            for i in range(val.shape[dim]):
+                term = _call(graph, aten.select.int, source, dim, i)
+                if cast is not None or wide is not None:
+                    term = _call(graph, aten._to_copy.default, term, dtype=wide or cast)
+                terms.append(term)
+            total = terms[0]
+            for term in terms[1:]:
+                total = _call(graph, aten.add.Tensor, total, term)
+            if wide is not None and (cast or val.dtype) != wide:
+                total = _call(graph, aten._to_copy.default, total, dtype=cast or val.dtype)
+            if keepdim:
+                total = _call(graph, aten.unsqueeze.default, total, dim)
+        node.replace_all_uses_with(total)
+        graph.erase_node(node)
+        for dead in (x, x.args[0] if x.target is aten.view.default else None):
+            if isinstance(dead, fx.Node) and not dead.users:
+                graph.erase_node(dead)
+
+
+def _small_middle_sum(node: fx.Node):
+    """(x, dim, keepdim) for sum(x, [dim], keepdim) over a short dim that is not the last one."""
+    x, dims = node.args[:2]
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if node.kwargs.get("dtype") is not None or not isinstance(val, torch.Tensor) or not val.is_floating_point():
+        return None
+    if not isinstance(dims, (list, tuple)) or len(dims) != 1 or not isinstance(dims[0], int):
+        return None
+    dim = dims[0] % val.dim()
+    size = val.shape[dim]
+    if dim == val.dim() - 1 or not isinstance(size, int) or not 2 <= size <= SMALL_SUM:
+        return None
+    return x, dim, keepdim
+
+
+def _through_cast(x: fx.Node) -> tuple[fx.Node, torch.dtype | None]:
+    """(tensor to select from, dtype to cast each select to): x itself, or for x = [view of] a cast read
+    only here, the same view of the cast's input and the cast's dtype."""
+    cast = x.args[0] if x.target is aten.view.default else x
+    if (cast.target is not aten._to_copy.default or len(cast.users) != 1 or len(x.users) != 1
+            or set(cast.kwargs) - {"dtype", "layout", "device"} or cast.kwargs.get("dtype") is None):
+        return x, None
+    src = cast.args[0]
+    if x is cast:
+        return src, cast.kwargs["dtype"]
+    try:        # the view must hold for the cast's input as it did for the cast's output
+        view = aten.view.default(src.meta["val"], x.args[1])
+    except RuntimeError:
+        return x, None
+    if view.stride() != x.meta["val"].stride():
+        return x, None
+    return _view_node(x, src), cast.kwargs["dtype"]
+
+
+def _view_node(like: fx.Node, src: fx.Node) -> fx.Node:
+    with like.graph.inserting_before(like):
+        return _call(like.graph, aten.view.default, src, like.args[1])
+
+
+def _call(graph: fx.Graph, target, *args, **kwargs) -> fx.Node:
+    node = graph.call_function(target, args, kwargs)
+    node.meta["val"] = target(*fx.map_arg(args, _val), **fx.map_arg(kwargs, _val))
+    return node

@@ -251,6 +251,31 @@ def test_ops_reading_the_same_tensor_share_a_kernel_placed_before_the_first_read
         torch.testing.assert_close(got, ref)
 
 
+@pytest.mark.parametrize("dtype,cast", [(torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, torch.float32)])
+def test_a_sum_over_a_short_middle_dim_becomes_adds_in_one_kernel(dtype, cast):
+    """Grouped-query attention's backward sums the key/value gradients over the query heads of each kv
+    head ([B, kv, rep, T, D], dim 2), after an fp32 cast for the keys: selects and adds, the cast on each
+    select, all in the kernel with what follows. Equal to aten's sum (half: fp32 adds, one rounding)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(g, s):
+        x = g if cast is None else aten._to_copy.default(g, dtype=cast)
+        summed = aten.sum.dim_IntList(aten.view.default(x, [2, 3, 4, 5, 6]), [2], True)
+        return aten.mul.Tensor(aten.squeeze.dim(summed, 2), s)
+    g, s = torch.randn(2, 12, 5, 6, dtype=dtype), torch.randn(5, 6, dtype=dtype)
+    unrolled = make_fx(f, tracing_mode="fake")(g, s)
+    fusion_prep.unroll_small_sums(unrolled.graph)
+    unrolled.recompile()
+    assert aten.sum.dim_IntList not in {n.target for n in unrolled.graph.nodes}
+    torch.testing.assert_close(unrolled(g, s), f(g, s), rtol=0, atol=0)   # (4 terms: aten adds in order too)
+    gm = make_fx(f, tracing_mode="fake")(g, s)
+    done = fusion.fuse(gm)
+    assert done.regions == 1
+    assert not {aten.sum.dim_IntList, aten._to_copy.default, aten.mul.Tensor} & {n.target for n in gm.graph.nodes}
+    torch.testing.assert_close(gm(g, s), f(g, s))
+
+
 def test_a_cast_read_by_two_kernels_is_cast_inside_each():
     """bf16 -> fp32 read by two fused regions: no aten cast stays; each kernel reads the bf16 tensor.
     The fused graph computes what the graph computed."""
@@ -277,7 +302,7 @@ def test_copies_of_a_cast_that_no_kernel_takes_become_one_again():
     def f(x):   # two readers the generator refuses (sums over a middle dim): the cast must run once, as aten
         wide = aten._to_copy.default(x, dtype=torch.float32)
         return aten.sum.dim_IntList(wide, [1]), aten.sum.dim_IntList(wide, [0])
-    x = torch.randn(2, 6, 5, dtype=torch.bfloat16)
+    x = torch.randn(10, 12, 5, dtype=torch.bfloat16)   # (dims longer than SMALL_SUM: not unrolled)
     gm = make_fx(f, tracing_mode="fake")(x)
     assert fusion.fuse(gm).regions == 0
     assert sum(n.target is aten._to_copy.default for n in gm.graph.nodes) == 1
