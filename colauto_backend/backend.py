@@ -88,7 +88,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             if config.codegen == "triton":
                 from . import fused_loss   # local import: needs triton_kernels only when asked for
                 fused_loss.rewrite(joint)
-            split = functools.partial(emit_remat.partitioner(fused), joint, joint_inputs,
+            # generated kernels recompute cheap ops as Inductor's do: its min-cut partition, not aten's
+            split = functools.partial(emit_remat.partitioner(config.codegen != "aten"), joint, joint_inputs,
                                       num_fwd_outputs=num_fwd_outputs,
                                       static_lifetime_input_indices=static_lifetime_input_indices)
             fw, bw = split()

@@ -85,6 +85,11 @@ def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
                            and not _only_casts(region_of[u])} - set(producers),
                           key=order.get, reverse=True) if not _only_casts([node]) else []
         region, taken = [], set()
+        together = {id(region_of[p]): region_of[p] for p in producers}
+        if len(together) > 1:           # all at once first: one may be placeable only with another
+            merged = sorted((n for r in together.values() for n in r), key=order.get)
+            if _placeable(merged + group, order) and _plans(merged + group):
+                region, taken = merged, set(merged)
         for other in producers + siblings:
             if other in taken:          # its region is merged in already (regions are disjoint)
                 continue
@@ -131,11 +136,36 @@ def _only_casts(region: list[fx.Node]) -> bool:
 
 def _placeable(region: list[fx.Node], order: dict) -> bool:
     """One call can compute the region: every input it reads is ready before any outside reader of its
-    results runs (the call goes at `_call_site`)."""
+    results runs (the call goes at `_call_site`; views it reads move up to it, `_hoist_views`)."""
     inside = set(region)
-    inputs = [a for n in region for a in n.all_input_nodes if a not in inside]
+    ready = [_ready(a, inside) for n in region for a in n.all_input_nodes if a not in inside]
     readers = [u for n in region for u in n.users if u not in inside]
-    return not inputs or not readers or max(map(order.__getitem__, inputs)) < min(map(order.__getitem__, readers))
+    if None in ready:
+        return False
+    return not ready or not readers or max(map(order.__getitem__, ready)) < min(map(order.__getitem__, readers))
+
+
+def _ready(node: fx.Node, inside: set) -> fx.Node | None:
+    """The node after which `node` can run: itself, or for a view (AOT's detaches of saved tensors sit
+    far below what they view) the tensor it views. None: it views a node of the region."""
+    while prep.is_view(node):
+        node = node.all_input_nodes[0]
+        if node in inside:
+            return None
+    return node
+
+
+def _hoist_views(inputs: list[fx.Node], site: fx.Node) -> None:
+    """Views among the region's inputs that sit after the call site move up to just before it."""
+    position = {n: i for i, n in enumerate(site.graph.nodes)}
+    for node in inputs:
+        chain = []
+        while position[node] > position[site]:
+            assert prep.is_view(node), f"{node.name} is read by a fused call placed before it"
+            chain.append(node)
+            node = node.all_input_nodes[0]
+        for view in reversed(chain):
+            site.prepend(view)
 
 
 def _call_site(region: list[fx.Node]) -> fx.Node:
@@ -191,7 +221,9 @@ def _example(val):
 def _replace(gm: fx.GraphModule, region: list[fx.Node]) -> tuple[str, int]:
     graph, inputs, outputs = _subgraph(region)
     op, name = _custom_op(graph)
-    with gm.graph.inserting_before(_call_site(region)):
+    site = _call_site(region)
+    _hoist_views(inputs, site)
+    with gm.graph.inserting_before(site):
         call = gm.graph.call_function(op, (list(inputs),))
     with gm.graph.inserting_after(call):
         for k, n in enumerate(outputs):

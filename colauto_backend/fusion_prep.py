@@ -21,6 +21,12 @@ def lowerable(node: fx.Node) -> bool:
             and isinstance(node.meta.get("val"), (torch.Tensor, tuple, list)))
 
 
+def is_view(node: fx.Node) -> bool:
+    """An op whose result aliases its one tensor input (view, transpose, detach, ...): it computes nothing."""
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and is_aliasing(node.target) and len(node.all_input_nodes) == 1)
+
+
 def computes(node: fx.Node) -> bool:
     """Not a getitem or a view: an op that writes memory when it runs as aten."""
     return node.target is not operator.getitem and not (
@@ -65,7 +71,7 @@ def sink_views(graph: fx.Graph) -> None:
         return
     order = {n: Fraction(i) for i, n in enumerate(graph.nodes)}    # exact positions, also between moved nodes
     for node in reversed(list(graph.nodes)):
-        if node.op == "call_function" and is_aliasing(node.target) and node.users:
+        if is_view(node) and node.users:
             first = min(node.users, key=order.__getitem__)
             if first is not node.next:
                 before = first.prev
