@@ -167,28 +167,29 @@ def unroll_small_sums(graph: fx.Graph) -> None:
     """sum(x, [d]) over a short middle dim -> x[:, .., 0] + x[:, .., 1] + ...: selects are views, adds are
     pointwise, so the sum joins the kernels around it (the generator reduces only the last dim). In
     grouped-query attention's backward, the key and value gradients are such sums over the query heads
-    sharing a kv head, in fp32 after a cast: the cast moves onto the selects, into the same kernel. Half
-    inputs are added in fp32 and rounded once, as aten's sum does."""
+    sharing a kv head (in fp32: a cast before, or autocast's dtype=float32): the cast moves onto the
+    selects, into the same kernel. As aten's sum: half values are added in fp32 and rounded once."""
     for node in [n for n in graph.nodes if n.target is aten.sum.dim_IntList]:
         match = _small_middle_sum(node)
         if match is None:
             continue
-        x, dim, keepdim = match
+        x, dim, keepdim, out_dtype = match
+        acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
         source, cast = _through_cast(x)
-        val = source.meta["val"]
-        wide = torch.float32 if val.dtype in (torch.float16, torch.bfloat16) else None
+        if cast != acc:
+            source = x
         with graph.inserting_before(node):
             terms = []
-            for i in range(val.shape[dim]):
+            for i in range(x.meta["val"].shape[dim]):
                 term = _call(graph, aten.select.int, source, dim, i)
-                if cast is not None or wide is not None:
-                    term = _call(graph, aten._to_copy.default, term, dtype=wide or cast)
+                if term.meta["val"].dtype != acc:
+                    term = _call(graph, aten._to_copy.default, term, dtype=acc)
                 terms.append(term)
             total = terms[0]
             for term in terms[1:]:
                 total = _call(graph, aten.add.Tensor, total, term)
-            if wide is not None and (cast or val.dtype) != wide:
-                total = _call(graph, aten._to_copy.default, total, dtype=cast or val.dtype)
+            if acc != out_dtype:
+                total = _call(graph, aten._to_copy.default, total, dtype=out_dtype)
             if keepdim:
                 total = _call(graph, aten.unsqueeze.default, total, dim)
         node.replace_all_uses_with(total)
@@ -199,11 +200,13 @@ def unroll_small_sums(graph: fx.Graph) -> None:
 
 
 def _small_middle_sum(node: fx.Node):
-    """(x, dim, keepdim) for sum(x, [dim], keepdim) over a short dim that is not the last one."""
+    """(x, dim, keepdim, result dtype) for sum(x, [dim], keepdim[, dtype]) over a short dim that is not
+    the last one."""
     x, dims = node.args[:2]
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     val = x.meta.get("val") if isinstance(x, fx.Node) else None
-    if node.kwargs.get("dtype") is not None or not isinstance(val, torch.Tensor) or not val.is_floating_point():
+    out = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not val.is_floating_point() or not isinstance(out, torch.Tensor):
         return None
     if not isinstance(dims, (list, tuple)) or len(dims) != 1 or not isinstance(dims[0], int):
         return None
@@ -211,7 +214,7 @@ def _small_middle_sum(node: fx.Node):
     size = val.shape[dim]
     if dim == val.dim() - 1 or not isinstance(size, int) or not 2 <= size <= SMALL_SUM:
         return None
-    return x, dim, keepdim
+    return x, dim, keepdim, out.dtype
 
 
 def _through_cast(x: fx.Node) -> tuple[fx.Node, torch.dtype | None]:

@@ -550,7 +550,7 @@ COLUMN_TUNINGS = {"default": None, "split": tk.Tuning(column_block=16, column_ro
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("schedule", COLUMN_TUNINGS)
-@pytest.mark.parametrize("op", ["bias_grad", "bias_grad_3d", "producer_chain", "transposed", "layer_norm_weights",
+@pytest.mark.parametrize("op", ["bias_grad", "bias_grad_3d", "producer_chain", "transposed", "viewed", "layer_norm_weights",
                                 "layer_norm_weight_only", "layer_norm_bias_only"])
 def test_column_sums(op, schedule, dtype):
     """Sums over every dim but the last (bias and LayerNorm weight/bias gradients) against aten, with
@@ -568,6 +568,10 @@ def test_column_sums(op, schedule, dtype):
         "producer_chain": (lambda g, w, r: aten.sum.dim_IntList(g.float() * w.float() + r.float(), [0]),
                            [g, w, rand(37, 1, dtype=dtype)]),
         "transposed": (lambda g: aten.sum.dim_IntList(g, [0]), [rand(45, 37, dtype=dtype).t()]),
+        # RMSNorm's weight gradient: matmul outputs [B*T, C] summed, viewed as [B, T, C], times x
+        "viewed": (lambda a, b, x: aten.sum.dim_IntList(aten.view.default(a.float() + b.float(), [3, 13, 45]) * x.float(),
+                                                       [0, 1], True), [rand(39, 45, dtype=dtype), rand(39, 45, dtype=dtype),
+                                                                       rand(3, 13, 45, dtype=dtype)]),
         "layer_norm_weights": (ln_backward([False, True, True]), [g, x, mean, rstd, w]),
         "layer_norm_weight_only": (ln_backward([False, True, False]), [g, x, mean, rstd, w]),
         "layer_norm_bias_only": (ln_backward([False, False, True]), [g, x, mean, rstd, w]),
@@ -592,7 +596,7 @@ def test_column_sum_refusals():
     g = rand(6, 7)
     for fn, reason in [(lambda g: aten.sum.dim_IntList(g, [0]) * 2, "computed from a column sum"),
                        (lambda g: (aten.sum.dim_IntList(g * 2, [0]), g * 2), "stores anything but column sums"),
-                       (lambda g: aten.sum.dim_IntList(g.view(3, 2, 7), [0, 1]), "views in its region"),
+                       (lambda g: aten.sum.dim_IntList(g.view(3, 14), [0]), "do not line up"),   # splits the columns
                        (lambda g: (aten.sum.dim_IntList(g, [0]), g.sum(-1)), "row reductions in one region")]:
         gm = make_fx(fn)(g)
         with pytest.raises(tk.NotFusible, match=reason):

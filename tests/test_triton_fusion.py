@@ -251,8 +251,11 @@ def test_ops_reading_the_same_tensor_share_a_kernel_placed_before_the_first_read
         torch.testing.assert_close(got, ref)
 
 
-@pytest.mark.parametrize("dtype,cast", [(torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, torch.float32)])
-def test_a_sum_over_a_short_middle_dim_becomes_adds_in_one_kernel(dtype, cast):
+@pytest.mark.parametrize("dtype,cast,sum_dtype", [(torch.float32, None, None), (torch.bfloat16, None, None),
+                                                   (torch.bfloat16, torch.float32, None),
+                                                   (torch.bfloat16, None, torch.float32),           # CUDA autocast
+                                                   (torch.bfloat16, torch.float32, torch.float32)])
+def test_a_sum_over_a_short_middle_dim_becomes_adds_in_one_kernel(dtype, cast, sum_dtype):
     """Grouped-query attention's backward sums the key/value gradients over the query heads of each kv
     head ([B, kv, rep, T, D], dim 2), after an fp32 cast for the keys: selects and adds, the cast on each
     select, all in the kernel with what follows. Equal to aten's sum (half: fp32 adds, one rounding)."""
@@ -261,7 +264,7 @@ def test_a_sum_over_a_short_middle_dim_becomes_adds_in_one_kernel(dtype, cast):
 
     def f(g, s):
         x = g if cast is None else aten._to_copy.default(g, dtype=cast)
-        summed = aten.sum.dim_IntList(aten.view.default(x, [2, 3, 4, 5, 6]), [2], True)
+        summed = aten.sum.dim_IntList(aten.view.default(x, [2, 3, 4, 5, 6]), [2], True, dtype=sum_dtype)
         return aten.mul.Tensor(aten.squeeze.dim(summed, 2), s)
     g, s = torch.randn(2, 12, 5, 6, dtype=dtype), torch.randn(5, 6, dtype=dtype)
     unrolled = make_fx(f, tracing_mode="fake")(g, s)

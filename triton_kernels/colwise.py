@@ -122,7 +122,7 @@ def plan(region: Region, tuning: Tuning) -> Launch:
     values |= {f"pitch{d}": p for d, p in enumerate(layout.pitches(sizes))}
     for k, (st, st_full) in enumerate(zip(outer, full)):
         values |= {f"in{k}_o{d}": s for d, s in enumerate(st)} | {f"in{k}_sc": st_full[-1]}
-    finals = [(tuple(v.shape), v.dtype) for _, v in region.stored]
+    finals = [(shape, dtype) for shape, _, dtype in region.allocs]     # eager's shapes (views: S-rank stored)
 
     def finish(partials: list[torch.Tensor]) -> list[torch.Tensor]:
         return [p.sum(0).reshape(shape).to(dtype) for p, (shape, dtype) in zip(partials, finals)]

@@ -90,8 +90,6 @@ def analyse(graph: fx.Graph, tensors: list[torch.Tensor]) -> Region:
     shapes = {renumber.get(r, r): s for r, s in b.shapes.items() if r in renumber}
     shapes |= {Ref("in", k): tuple(t.shape) for k, t in enumerate(tensors)}
     if any(i.op in views.OPS for i in instrs):
-        if any(i.op == COLUMN_SUM for i in instrs):
-            raise NotFusible("a column sum is not fusible with views in its region")
         inputs, instrs, shapes, outputs, stored, allocs = views.flatten(
             list(tensors), instrs, shapes, outputs, [vals[n] for n in out_nodes])
         return Region(inputs, instrs, shapes, outputs, stored, allocs)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .ir import REDUCTIONS, Instr, NotFusible, Ref
+from .ir import COLUMN_SUM, REDUCTIONS, Instr, NotFusible, Ref
 
 OPS = frozenset({"view", "expand"})     # the instructions view_ops emits; none reaches a kernel
 
@@ -95,6 +95,14 @@ class Space:
     def reduced(m: Map, operand_shape) -> Map:
         return tuple(None if e is None or e[0] == len(operand_shape) - 1 else e for e in m)
 
+    def column_sum(self, m: Map, operand_shape, shape) -> Map:
+        """A column sum's map from its operand's: only the operand's last dim, which must be exactly the
+        last dim of S (the kernel's columns), remains."""
+        last = len(operand_shape) - 1
+        if not self.sizes or m[-1] != (last, 1) or self.sizes[-1] != operand_shape[-1]:
+            raise _NoMap
+        return tuple(None for _ in m[:-1]) + ((len(shape) - 1, 1),)
+
     def unreduced(self, m: Map, operand_shape) -> Map:
         if not self.sizes or m[-1] is not None or self.sizes[-1] != operand_shape[-1]:
             raise _NoMap
@@ -154,6 +162,11 @@ def _solve(space: Space, instrs: list[Instr], shapes: dict[Ref, tuple], numel: i
                     derive(o, space.view, maps[a], sa, so, what=what)
                 if o in maps:
                     derive(a, space.view, maps[o], so, sa, what=what)
+            elif ins.op == COLUMN_SUM:
+                a, sa = refs[0], shapes[refs[0]]
+                if a in maps:       # (no way back: the rows it sums over are not in its result)
+                    derive(o, space.column_sum, maps[a], sa, so,
+                           what=f"a sum over every dim but the last of shape {list(sa)}")
             elif ins.op in REDUCTIONS:
                 a, sa = refs[0], shapes[refs[0]]
                 what = f"{ins.op} over the last dim of shape {list(sa)}"
