@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import operator
 from collections import Counter
+from typing import NamedTuple
 
 import torch
 import torch.fx as fx
@@ -33,6 +34,7 @@ from . import report, rotate_halves
 
 FALLBACKS = Counter()        # regions run as aten after the generator refused them at run time, by reason
 _OPS: dict[str, object] = {}  # custom op name -> op, defined once per process
+_PLANS: dict[tuple, bool] = {}  # (region code, input sizes/strides/dtypes/devices) -> whether it plans
 _LIB = None
 
 
@@ -199,23 +201,34 @@ def _subgraph(region: list[fx.Node]) -> tuple[fx.Graph, list[fx.Node], list[fx.N
 
 def _plans(region: list[fx.Node]) -> bool:
     graph, inputs, outputs = _subgraph(region)
-    if not outputs or any(not isinstance(n.meta.get("val"), torch.Tensor) for n in outputs):
-        return False
-    try:
-        triton_kernels.check(graph, [_example(a.meta["val"]) for a in inputs])
-    except NotFusible:
-        return False
-    return True
+    if any(not isinstance(n.meta.get("val"), torch.Tensor) for n in outputs + inputs) or not outputs:
+        return False            # (a size or scalar input: kernels take tensors only)
+    described = [_described(a.meta["val"]) for a in inputs]
+    # every layer of a model asks the same questions: the answer depends on the code and the inputs only
+    key = (_canonical(graph), tuple(described))
+    if key not in _PLANS:
+        if len(_PLANS) > 100_000:
+            _PLANS.clear()
+        try:
+            triton_kernels.check(graph, [triton_kernels.example(*d) for d in described])
+            _PLANS[key] = True
+        except NotFusible:
+            _PLANS[key] = False
+    return _PLANS[key]
 
 
-def _example(val):
-    """A storage-less tensor with the example's sizes, strides and device (symbolic sizes at their
-    hints): the device matters to ops whose constants name it (scalar_tensor, _to_copy)."""
-    if not isinstance(val, torch.Tensor):
-        return val
-    size = [compat.example_int(s) for s in val.shape]
-    stride = [compat.example_int(s) for s in val.stride()]
-    return triton_kernels.example(size, stride, val.dtype, val.device)
+class _Described(NamedTuple):
+    """An example tensor's sizes, strides (symbolic ones at their hints), dtype and device: the device
+    matters to ops whose constants name it (scalar_tensor, _to_copy)."""
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _described(val: torch.Tensor) -> _Described:
+    return _Described(tuple(compat.example_int(s) for s in val.shape),
+                      tuple(compat.example_int(s) for s in val.stride()), val.dtype, val.device)
 
 
 def _replace(gm: fx.GraphModule, region: list[fx.Node]) -> tuple[str, int]:
