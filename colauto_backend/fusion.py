@@ -2,17 +2,20 @@
 
 A region is a connected set of nodes that triton_kernels lowers (pointwise ops, last-dim row
 reductions: softmax, LayerNorm, RMSNorm and their backwards, and the views between them), with at
-least two that compute, or a lone op aten runs slowly (LayerNorm backward, sums: `_SLOW_IN_ATEN`; a
-lone cast is not worth a kernel call's CPU cost: the H100 profiles of GPT-2 355M showed the step
-waiting on the CPU). Sums over every dim but the last (bias gradients, LayerNorm's weight and bias
-gradients) are column regions (triton_kernels.colwise); matmuls, attention and collectives stay aten. Nodes join greedily in graph order.
-LayerNorm backwards that want the input gradient and weight/bias gradients are first split in two (a
-row region and a column region cannot be one kernel): the input gradient joins row regions, the
-weight/bias gradients (output_mask [False, ...]) become a column region. A region becomes one call of a torch custom
-op (`colauto::fused_<hash>`) placed where its last node was, so a node joins only if every outside
-reader of the region comes after it, and only if the generator can plan the grown region (checked on
-the example shapes). A region the generator refuses when it first runs falls back to its aten ops,
-counted and warned about once: the step still computes the same thing.
+least two that compute, or a lone op aten runs slowly (LayerNorm backward, sums: `_SLOW_IN_ATEN`). A
+lone cast is not worth a kernel call's CPU cost (the H100 profiles of GPT-2 355M showed the step
+waiting on the CPU) unless the graph is replayed as a CUDA graph (`lone_ops`). Sums over every dim but
+the last (bias gradients, LayerNorm's weight and bias gradients) are column regions
+(triton_kernels.colwise); matmuls, attention and collectives stay aten. Exact rewrites run first
+(fusion_prep, rotate_halves: RoPE's cat, expands, short middle-dim sums, LayerNorm backwards split in a
+row part and a column part). Nodes then join greedily in graph order: a node joins its producers'
+regions (all at once first, then one by one) and then regions that read what it reads, each merge
+kept only if one call can compute it (every input ready before any outside reader runs: `_placeable`)
+and the generator plans it (checked on the example shapes, remembered by code and sizes). A region
+becomes one call of a torch custom op (`colauto::fused_<hash>`) placed where its last node was, or
+before the first outside reader that lies between its nodes. A region the generator refuses when it
+first runs falls back to its aten ops, counted and warned about once: the step still computes the
+same thing.
 """
 from __future__ import annotations
 
@@ -70,43 +73,10 @@ def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
     prep.sink_views(gm.graph)
     prep.merge_duplicate_casts(gm.graph)
     prep.copy_shared_casts(gm.graph)
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    region_of: dict[fx.Node, list[fx.Node]] = {}
-    for node in gm.graph.nodes:
-        if node in region_of or not prep.lowerable(node):
-            continue
-        # a tuple-valued op (LayerNorm: out, mean, rstd) moves with the getitems that unpack it
-        group = [node] + sorted((u for u in node.users if u.target is operator.getitem), key=order.get)
-        if len(group) == 1 and not isinstance(node.meta["val"], torch.Tensor):
-            continue
-        # join the latest producer's region that takes it, then merge in any other producer's region that
-        # also fits (RMSNorm's backward: a row sum broadcast back, and the rows it scales, meet here), then
-        # any region that reads what it reads (SwiGLU's backward: grad * silu(gate) beside silu's backward)
-        producers = sorted((p for p in node.all_input_nodes if p in region_of), key=order.get, reverse=True)
-        siblings = sorted({u for p in node.all_input_nodes for u in p.users if u in region_of and u is not node
-                           and not _only_casts(region_of[u])} - set(producers),
-                          key=order.get, reverse=True) if not _only_casts([node]) else []
-        region, taken = [], set()
-        together = {id(region_of[p]): region_of[p] for p in producers}
-        if len(together) > 1:           # all at once first: one may be placeable only with another
-            merged = sorted((n for r in together.values() for n in r), key=order.get)
-            if _placeable(merged + group, order) and _plans(merged + group):
-                region, taken = merged, set(merged)
-        for other in producers + siblings:
-            if other in taken:          # its region is merged in already (regions are disjoint)
-                continue
-            merged = sorted(region + region_of[other], key=order.get)
-            if _placeable(merged + group, order) and _plans(merged + group):
-                region, taken = merged, set(merged)
-        region += group
-        region_of.update(dict.fromkeys(region, region))
     out = Fusion(rotations=rotations)
-    seen = set()
-    for region in region_of.values():
-        if id(region) in seen or not _worth_a_kernel(region):
-            continue
-        seen.add(id(region))
-        out.add(region, *_replace(gm, region))
+    for region in _regions(gm.graph):
+        if _worth_a_kernel(region):
+            out.add(region, *_replace(gm, region))
     prep.merge_duplicate_casts(gm.graph)     # the copies of a shared cast that no kernel took become one again
     if lone_ops:
         for node in [n for n in gm.graph.nodes if prep.lowerable(n) and prep.computes(n)]:
@@ -128,6 +98,46 @@ def _worth_a_kernel(region: list[fx.Node]) -> bool:
         return True
     lone_but_slow_in_aten = len(computing) == 1 and computing[0].target in _SLOW_IN_ATEN
     return lone_but_slow_in_aten and _plans(region)     # a region of one node was never checked
+
+
+def _regions(graph: fx.Graph) -> list[list[fx.Node]]:
+    """The graph's lowerable nodes grouped greedily in graph order, each region in graph order."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    region_of: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.nodes:
+        if node in region_of or not prep.lowerable(node):
+            continue
+        # a tuple-valued op (LayerNorm: out, mean, rstd) moves with the getitems that unpack it
+        group = [node] + sorted((u for u in node.users if u.target is operator.getitem), key=order.get)
+        if len(group) == 1 and not isinstance(node.meta["val"], torch.Tensor):
+            continue
+        region = _grown(node, group, region_of, order)
+        region_of.update(dict.fromkeys(region, region))
+    return list({id(r): r for r in region_of.values()}.values())
+
+
+def _grown(node: fx.Node, group: list[fx.Node], region_of: dict, order: dict) -> list[fx.Node]:
+    """`group` joined with the regions it can merge: its producers' (RMSNorm's backward: a row sum
+    broadcast back, and the rows it scales, meet here), all at once first, since one may be placeable
+    only with another, then one by one, latest first; then regions that read what it reads (SwiGLU's
+    backward: grad * silu(gate) beside silu's backward)."""
+    producers = sorted((p for p in node.all_input_nodes if p in region_of), key=order.get, reverse=True)
+    siblings = sorted({u for p in node.all_input_nodes for u in p.users if u in region_of and u is not node
+                       and not _only_casts(region_of[u])} - set(producers),
+                      key=order.get, reverse=True) if not _only_casts([node]) else []
+    region, taken = [], set()
+    together = {id(region_of[p]): region_of[p] for p in producers}
+    if len(together) > 1:
+        merged = sorted((n for r in together.values() for n in r), key=order.get)
+        if _placeable(merged + group, order) and _plans(merged + group):
+            region, taken = merged, set(merged)
+    for other in producers + siblings:
+        if other in taken:          # its region is merged in already (regions are disjoint)
+            continue
+        merged = sorted(region + region_of[other], key=order.get)
+        if _placeable(merged + group, order) and _plans(merged + group):
+            region, taken = merged, set(merged)
+    return region + group
 
 
 def _only_casts(region: list[fx.Node]) -> bool:
