@@ -279,6 +279,27 @@ def test_a_sum_over_a_short_middle_dim_becomes_adds_in_one_kernel(dtype, cast, s
     torch.testing.assert_close(gm(g, s), f(g, s))
 
 
+def test_a_view_input_placed_after_an_outside_reader_moves_up_to_the_call():
+    """RMSNorm's backward: its rows are read by a matmul at once, while AOT's detach of the saved rstd
+    sits below that matmul. The detach views a graph input, so it is ready from the start: the norm is
+    one kernel, called before the matmul, with the detach moved up to it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+
+    def f(g, x, rstd, w, m):
+        scaled = aten.mul.Tensor(g, w)
+        per_row = aten.sum.dim_IntList(aten.mul.Tensor(scaled, x), [-1], True)
+        early = aten.mm.default(aten.mul.Tensor(scaled, rstd), m)
+        cubed = aten.pow.Tensor_Scalar(aten.detach.default(rstd), 3)
+        return early, aten.mul.Tensor(x, aten.mul.Tensor(per_row, cubed))
+    args = [torch.randn(6, 5), torch.randn(6, 5), torch.rand(6, 1) + 0.5, torch.randn(5), torch.randn(5, 3)]
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    assert fusion.fuse(gm).regions == 1
+    assert not {aten.mul.Tensor, aten.pow.Tensor_Scalar, aten.sum.dim_IntList} & {n.target for n in gm.graph.nodes}
+    for got, ref in zip(gm(*args), f(*args)):
+        torch.testing.assert_close(got, ref)
+
+
 def test_a_cast_read_by_two_kernels_is_cast_inside_each():
     """bf16 -> fp32 read by two fused regions: no aten cast stays; each kernel reads the bf16 tensor.
     The fused graph computes what the graph computed."""
