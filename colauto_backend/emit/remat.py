@@ -6,6 +6,9 @@ A decided forward node gets MUST_SAVE (kept) or MUST_RECOMPUTE, all under one `a
   that an untagged producer of a recomputed node is force-saved.
 - Inductor codegen: a candidate decides either only the compute-bound nodes or every node the DP
   decided (None = untagged); Inductor's min-cut partitioner decides the untagged ones.
+- Triton codegen: planned as aten (every node of a candidate decided), but partitioned by the min-cut
+  partitioner, which honours every tag, so that the unplanned partition recomputes cheap ops as
+  Inductor's does (generated kernels fuse them as Inductor's do).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ def untag(joint: fx.Graph) -> None:
         n.meta.pop("ac_graph_id", None)
 
 
-def partitioner(fused: bool) -> Callable:
+def partitioner(fused: bool) -> Callable:   # fused: Inductor or Triton kernels run the graphs
     """(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices) -> (fw, bw) for the tags
     currently on the joint graph. Untagged: aten saves everything backward needs; Inductor's min-cut
     recomputes the fusible ops it finds cheap (exactly torch.compile's default partition)."""
