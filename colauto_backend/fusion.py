@@ -70,7 +70,6 @@ def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
     prep.split_layer_norm_backwards(gm.graph)
     prep.fold_expands(gm.graph)
     prep.unroll_small_sums(gm.graph)
-    prep.sink_views(gm.graph)
     prep.merge_duplicate_casts(gm.graph)
     prep.copy_shared_casts(gm.graph)
     out = Fusion(rotations=rotations)
@@ -169,6 +168,8 @@ def _ready(node: fx.Node, inside: set) -> fx.Node | None:
 
 def _hoist_views(inputs: list[fx.Node], site: fx.Node) -> None:
     """Views among the region's inputs that sit after the call site move up to just before it."""
+    if not any(prep.is_view(n) for n in inputs):
+        return                  # (anything else is computed before the site: _placeable)
     position = {n: i for i, n in enumerate(site.graph.nodes)}
     for node in inputs:
         chain = []

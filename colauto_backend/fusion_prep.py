@@ -4,7 +4,6 @@ computed, bit for bit."""
 from __future__ import annotations
 
 import operator
-from fractions import Fraction
 
 import torch
 import torch.fx as fx
@@ -59,24 +58,6 @@ def split_layer_norm_backwards(graph: fx.Graph) -> None:
             continue
         graph.erase_node(grad_input)
         graph.erase_node(columns)
-
-
-def sink_views(graph: fx.Graph) -> None:
-    """Move each view (detach included) down to just before its first reader. A fused call sits at its
-    region's last node, so an outside reader placed between the region's nodes keeps the region from
-    growing past it: AOT detaches RMSNorm's rstd for the backward right after computing it, which kept
-    `x * rstd` out of the row kernel. A view computes nothing, so where it runs does not matter, unless
-    an in-place op could run in between: graphs with one are left as they are."""
-    if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in graph.nodes):
-        return
-    order = {n: Fraction(i) for i, n in enumerate(graph.nodes)}    # exact positions, also between moved nodes
-    for node in reversed(list(graph.nodes)):
-        if is_view(node) and node.users:
-            first = min(node.users, key=order.__getitem__)
-            if first is not node.next:
-                before = first.prev
-                first.prepend(node)
-                order[node] = (order[before] + order[first]) / 2
 
 
 def merge_duplicate_casts(graph: fx.Graph) -> None:
@@ -181,17 +162,17 @@ def unroll_small_sums(graph: fx.Graph) -> None:
         with graph.inserting_before(node):
             terms = []
             for i in range(x.meta["val"].shape[dim]):
-                term = _call(graph, aten.select.int, source, dim, i)
+                term = call(graph, aten.select.int, source, dim, i)
                 if term.meta["val"].dtype != acc:
-                    term = _call(graph, aten._to_copy.default, term, dtype=acc)
+                    term = call(graph, aten._to_copy.default, term, dtype=acc)
                 terms.append(term)
             total = terms[0]
             for term in terms[1:]:
-                total = _call(graph, aten.add.Tensor, total, term)
+                total = call(graph, aten.add.Tensor, total, term)
             if acc != out_dtype:
-                total = _call(graph, aten._to_copy.default, total, dtype=out_dtype)
+                total = call(graph, aten._to_copy.default, total, dtype=out_dtype)
             if keepdim:
-                total = _call(graph, aten.unsqueeze.default, total, dim)
+                total = call(graph, aten.unsqueeze.default, total, dim)
         node.replace_all_uses_with(total)
         graph.erase_node(node)
         for dead in (x, x.args[0] if x.target is aten.view.default else None):
@@ -233,15 +214,13 @@ def _through_cast(x: fx.Node) -> tuple[fx.Node, torch.dtype | None]:
         return x, None
     if view.stride() != x.meta["val"].stride():
         return x, None
-    return _view_node(x, src), cast.kwargs["dtype"]
+    with x.graph.inserting_before(x):
+        return call(x.graph, aten.view.default, src, x.args[1]), cast.kwargs["dtype"]
 
 
-def _view_node(like: fx.Node, src: fx.Node) -> fx.Node:
-    with like.graph.inserting_before(like):
-        return _call(like.graph, aten.view.default, src, like.args[1])
-
-
-def _call(graph: fx.Graph, target, *args, **kwargs) -> fx.Node:
+def call(graph: fx.Graph, target, *args, **kwargs) -> fx.Node:
+    """A new call of `target` at the graph's insertion point, its example value computed from its
+    arguments' (fake tensors compute under their own fake mode)."""
     node = graph.call_function(target, args, kwargs)
     node.meta["val"] = target(*fx.map_arg(args, _val), **fx.map_arg(kwargs, _val))
     return node

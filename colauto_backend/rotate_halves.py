@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 
 from . import _torch_compat as compat
+from .fusion_prep import call
 
 aten = torch.ops.aten
 
@@ -103,12 +104,6 @@ def _match(cat: fx.Node):
     return x, xdim, [(k, negated) for _, _, k, negated in pieces]
 
 
-def _call(graph: fx.Graph, target, *args) -> fx.Node:
-    node = graph.call_function(target, args)
-    node.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args])
-    return node
-
-
 def _first_half_mask(gm: fx.GraphModule, val: torch.Tensor, trailing: int) -> fx.Node:
     """A get_attr of the constant [[True], [False]] (shape [2] + [1] * trailing) on val's device."""
     name = f"_colauto_first_half_{val.device.type}{val.device.index or 0}_{trailing}"
@@ -124,12 +119,12 @@ def _replace(gm: fx.GraphModule, cat: fx.Node, x: fx.Node, dim: int, pieces) -> 
     graph, val = gm.graph, x.meta["val"]
     shape = list(val.shape)
     with graph.inserting_before(cat):
-        split = _call(graph, aten.view.default, x, shape[:dim] + [2, shape[dim] // 2] + shape[dim + 1:])
-        halves = [_call(graph, aten.slice.Tensor, split, dim, k, k + 1) for k in (0, 1)]
-        chosen = [_call(graph, aten.neg.default, halves[k]) if negated else halves[k] for k, negated in pieces]
+        split = call(graph, aten.view.default, x, shape[:dim] + [2, shape[dim] // 2] + shape[dim + 1:])
+        halves = [call(graph, aten.slice.Tensor, split, dim, k, k + 1) for k in (0, 1)]
+        chosen = [call(graph, aten.neg.default, halves[k]) if negated else halves[k] for k, negated in pieces]
         first = _first_half_mask(gm, val, len(shape) - dim)
-        picked = _call(graph, aten.where.self, first, *chosen)
-        out = _call(graph, aten.view.default, picked, shape)
+        picked = call(graph, aten.where.self, first, *chosen)
+        out = call(graph, aten.view.default, picked, shape)
     cat.replace_all_uses_with(out)
     _erase_unused([cat])
 

@@ -17,6 +17,31 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE = [n for n in MODEL_NAMES if not n.startswith("hf_")]
 
 
+def _fused(f, *args, **fuse_kwargs):
+    """(f's aten graph traced on fake tensors, then fused; what fuse() reported)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    return gm, fusion.fuse(gm, **fuse_kwargs)
+
+
+def _rewritten(f, rewrite, *args):
+    """f's aten graph traced on fake tensors with one fusion_prep rewrite applied."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    rewrite(gm.graph)
+    gm.recompile()
+    return gm
+
+
+def _called(gm) -> set:
+    return {n.target for n in gm.graph.nodes}
+
+
+def _assert_matches(gm, f, *args, **tolerance):
+    for got, ref in zip(gm(*args), f(*args), strict=True):
+        torch.testing.assert_close(got, ref, **tolerance)
+
+
 @pytest.mark.parametrize("name", NATIVE)
 def test_training_matches_eager_with_generated_kernels(name, fused_graphs):
     fallbacks = sum(fusion.FALLBACKS.values())
@@ -189,8 +214,7 @@ def test_under_cuda_graphs_a_lone_op_is_a_kernel_of_its_own():
 
 def test_a_view_read_between_a_regions_nodes_does_not_split_it():
     """AOT detaches RMSNorm's rstd for the backward right after computing it, before `x * rstd * w`: the
-    detach is moved down to its reader, so the whole norm is one kernel (it was two)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
+    fused call goes before the detach, so the whole norm is one kernel (it was two)."""
     aten = torch.ops.aten
 
     def f(x, w):
@@ -198,18 +222,16 @@ def test_a_view_read_between_a_regions_nodes_does_not_split_it():
         saved = aten.detach.default(rstd)
         return aten.mul.Tensor(aten.mul.Tensor(x, rstd), w), saved
     x, w = torch.randn(6, 5), torch.randn(5)
-    gm = make_fx(f, tracing_mode="fake")(x, w)
-    assert fusion.fuse(gm).regions == 1
-    assert aten.mul.Tensor not in {n.target for n in gm.graph.nodes}
-    for got, ref in zip(gm(x, w), f(x, w)):
-        torch.testing.assert_close(got, ref)
+    gm, done = _fused(f, x, w)
+    assert done.regions == 1
+    assert aten.mul.Tensor not in _called(gm)
+    _assert_matches(gm, f, x, w)
 
 
 def test_an_expand_read_by_pointwise_ops_folds_into_their_broadcast():
     """The mean's backward in RMSNorm: expand(per-row value) / C * x. The division moves before the expand
     and the expand disappears into the multiply's broadcast, so norm and rows are one row kernel. A
     clone of an expand (a materialized repeat, then viewed) keeps its layout: it is left alone."""
-    from torch.fx.experimental.proxy_tensor import make_fx
     aten = torch.ops.aten
 
     def f(g, x):
@@ -218,24 +240,19 @@ def test_an_expand_read_by_pointwise_ops_folds_into_their_broadcast():
         repeated = aten.clone.default(aten.expand.default(aten.unsqueeze.default(x, 1), [4, 2, 3, 5]))
         return aten.mul.Tensor(spread, x), aten.view.default(repeated, [8, 3, 5])
     g, x = torch.randn(4, 3, 5), torch.randn(4, 3, 5)
-    folded = make_fx(f, tracing_mode="fake")(g, x)
-    fusion_prep.fold_expands(folded.graph)
-    folded.recompile()
+    folded = _rewritten(f, fusion_prep.fold_expands, g, x)
     left = [n.target for n in folded.graph.nodes if n.op == "call_function"]
     assert left.count(aten.expand.default) == 1                     # the repeat's
-    for got, ref in zip(folded(g, x), f(g, x)):                     # the rewrite alone: bit for bit
-        torch.testing.assert_close(got, ref, rtol=0, atol=0)
-    gm = make_fx(f, tracing_mode="fake")(g, x)
-    assert fusion.fuse(gm).regions == 1
-    assert aten.div.Scalar not in {n.target for n in gm.graph.nodes}
-    for got, ref in zip(gm(g, x), f(g, x)):
-        torch.testing.assert_close(got, ref)
+    _assert_matches(folded, f, g, x, rtol=0, atol=0)                # the rewrite alone: bit for bit
+    gm, done = _fused(f, g, x)
+    assert done.regions == 1
+    assert aten.div.Scalar not in _called(gm)
+    _assert_matches(gm, f, g, x)
 
 
 def test_ops_reading_the_same_tensor_share_a_kernel_placed_before_the_first_reader():
     """SwiGLU's backward: grad * silu(gate) (read by a matmul at once) and silu's backward of grad * up
     (read later) both read grad: one kernel computes both, called before the first matmul."""
-    from torch.fx.experimental.proxy_tensor import make_fx
     aten = torch.ops.aten
 
     def f(grad, gate, up, silu, w):
@@ -243,12 +260,10 @@ def test_ops_reading_the_same_tensor_share_a_kernel_placed_before_the_first_read
         gate_grad = aten.silu_backward.default(aten.mul.Tensor(grad, up), gate)
         return up_grad, aten.mm.default(gate_grad, w)
     args = [torch.randn(6, 4) for _ in range(4)] + [torch.randn(4, 3)]
-    gm = make_fx(f, tracing_mode="fake")(*args)
-    done = fusion.fuse(gm)
+    gm, done = _fused(f, *args)
     assert (done.regions, done.ops) == (1, 3)
-    assert not {aten.mul.Tensor, aten.silu_backward.default} & {n.target for n in gm.graph.nodes}
-    for got, ref in zip(gm(*args), f(*args)):
-        torch.testing.assert_close(got, ref)
+    assert not {aten.mul.Tensor, aten.silu_backward.default} & _called(gm)
+    _assert_matches(gm, f, *args)
 
 
 @pytest.mark.parametrize("dtype,cast,sum_dtype", [(torch.float32, None, None), (torch.bfloat16, None, None),
@@ -259,7 +274,6 @@ def test_a_sum_over_a_short_middle_dim_becomes_adds_in_one_kernel(dtype, cast, s
     """Grouped-query attention's backward sums the key/value gradients over the query heads of each kv
     head ([B, kv, rep, T, D], dim 2), after an fp32 cast for the keys: selects and adds, the cast on each
     select, all in the kernel with what follows. Equal to aten's sum (half: fp32 adds, one rounding)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
     aten = torch.ops.aten
 
     def f(g, s):
@@ -267,15 +281,12 @@ def test_a_sum_over_a_short_middle_dim_becomes_adds_in_one_kernel(dtype, cast, s
         summed = aten.sum.dim_IntList(aten.view.default(x, [2, 3, 4, 5, 6]), [2], True, dtype=sum_dtype)
         return aten.mul.Tensor(aten.squeeze.dim(summed, 2), s)
     g, s = torch.randn(2, 12, 5, 6, dtype=dtype), torch.randn(5, 6, dtype=dtype)
-    unrolled = make_fx(f, tracing_mode="fake")(g, s)
-    fusion_prep.unroll_small_sums(unrolled.graph)
-    unrolled.recompile()
-    assert aten.sum.dim_IntList not in {n.target for n in unrolled.graph.nodes}
+    unrolled = _rewritten(f, fusion_prep.unroll_small_sums, g, s)
+    assert aten.sum.dim_IntList not in _called(unrolled)
     torch.testing.assert_close(unrolled(g, s), f(g, s), rtol=0, atol=0)   # (4 terms: aten adds in order too)
-    gm = make_fx(f, tracing_mode="fake")(g, s)
-    done = fusion.fuse(gm)
+    gm, done = _fused(f, g, s)
     assert done.regions == 1
-    assert not {aten.sum.dim_IntList, aten._to_copy.default, aten.mul.Tensor} & {n.target for n in gm.graph.nodes}
+    assert not {aten.sum.dim_IntList, aten._to_copy.default, aten.mul.Tensor} & _called(gm)
     torch.testing.assert_close(gm(g, s), f(g, s))
 
 
@@ -283,7 +294,6 @@ def test_a_view_input_placed_after_an_outside_reader_moves_up_to_the_call():
     """RMSNorm's backward: its rows are read by a matmul at once, while AOT's detach of the saved rstd
     sits below that matmul. The detach views a graph input, so it is ready from the start: the norm is
     one kernel, called before the matmul, with the detach moved up to it."""
-    from torch.fx.experimental.proxy_tensor import make_fx
     aten = torch.ops.aten
 
     def f(g, x, rstd, w, m):
@@ -293,11 +303,10 @@ def test_a_view_input_placed_after_an_outside_reader_moves_up_to_the_call():
         cubed = aten.pow.Tensor_Scalar(aten.detach.default(rstd), 3)
         return early, aten.mul.Tensor(x, aten.mul.Tensor(per_row, cubed))
     args = [torch.randn(6, 5), torch.randn(6, 5), torch.rand(6, 1) + 0.5, torch.randn(5), torch.randn(5, 3)]
-    gm = make_fx(f, tracing_mode="fake")(*args)
-    assert fusion.fuse(gm).regions == 1
-    assert not {aten.mul.Tensor, aten.pow.Tensor_Scalar, aten.sum.dim_IntList} & {n.target for n in gm.graph.nodes}
-    for got, ref in zip(gm(*args), f(*args)):
-        torch.testing.assert_close(got, ref)
+    gm, done = _fused(f, *args)
+    assert done.regions == 1
+    assert not {aten.mul.Tensor, aten.pow.Tensor_Scalar, aten.sum.dim_IntList} & _called(gm)
+    _assert_matches(gm, f, *args)
 
 
 def test_a_cast_read_by_two_kernels_is_cast_inside_each():
