@@ -2,6 +2,11 @@
 
     python -m bench.run                                   # default matrix for the device found
     python -m bench.run --models gpt2:124m:16:1024 --modes eager,colauto --out /tmp/b
+    python -m bench.run --suite hf                        # HuggingFace causal LMs as users have them
+
+Models are the project's zoo (examples/models.py: `gpt2:124m:16:1024`) or transformers classes built
+from configs with random weights (examples/hf_zoo.py: `hf/qwen2:bench:8:1024`, called as
+`model(input_ids=x, labels=x).loss`, exactly as a user's script does).
 
 Each row is one (model, mode) built fresh; colauto rows also carry colauto's prediction of the peak
 memory and step time, and the relative error of each against the measurement.
@@ -26,6 +31,7 @@ import torch
 import colauto_backend
 from colauto_backend import backend as colauto_backend_mod
 from colauto_backend import config as colauto_config
+from examples import hf_zoo
 from examples.models import build
 
 # Multi-GPU runs on these hosts must not use NVLink multicast (NVLS); NCCL and NVSHMEM read these
@@ -47,6 +53,10 @@ COLAUTO_MODES = {"colauto": None, "colauto-aten": {"codegen": "aten"}, "colauto-
                  "colauto-triton-cg": {"codegen": "triton", "cudagraphs": True}}   # + CUDA graphs
 MODES = ("eager", "inductor", "inductor-cg", *COLAUTO_MODES)       # inductor-cg: mode="reduce-overhead"
 GiB = 2 ** 30
+# --suite hf: every causal LM of examples/hf_zoo.py at its public checkpoint's shape, T=1024
+SUITES = {"hf": ",".join(f"hf/{n}:bench:{hf_zoo.SPECS[n].bench_batch}:1024" for n in hf_zoo.CAUSAL_BENCH)}
+SUITE_MODES = {"hf": "eager,inductor,inductor-cg,colauto,colauto-aten,colauto-inductor,colauto-triton,"
+                     "colauto-triton-cg"}
 
 
 def parse_models(text: str) -> list[dict]:
@@ -61,8 +71,12 @@ def parse_models(text: str) -> list[dict]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    p.add_argument("--models", help="comma list of name:size:batch:seq (seq = image side for image models)")
-    p.add_argument("--modes", default="eager,inductor,colauto", help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--models", help="comma list of name:size:batch:seq (seq = image side for image models); "
+                                    "hf/<name>:bench|tiny:batch:seq for a transformers model of examples/hf_zoo.py")
+    p.add_argument("--suite", choices=tuple(SUITES), help="a named model list: hf = the causal LMs of "
+                   f"examples/hf_zoo.py ({', '.join(hf_zoo.CAUSAL_BENCH)}); --models adds to it")
+    p.add_argument("--modes", help=f"comma list of {', '.join(MODES)} (default: eager,inductor,colauto; "
+                                   "with --suite hf every mode)")
     p.add_argument("--steps", type=int, default=12, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (the first one compiles)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), help="autocast dtype (default bf16 on CUDA, fp32 on CPU)")
@@ -75,6 +89,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    if args.suite:
+        args.models = ",".join(filter(None, (SUITES[args.suite], args.models)))
+    args.modes = args.modes or SUITE_MODES.get(args.suite, "eager,inductor,colauto")
     try:
         args.models = parse_models(args.models or DEFAULT_MODELS[args.device])
     except ValueError as exc:  # also a batch or seq that is not an integer
@@ -127,6 +144,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def build_model(spec: dict, device: str):
+    """(model, make_inputs, loss_of): the zoo's models take `(x, targets)` and return the loss; a
+    transformers model takes keyword arguments and returns a ModelOutput whose `.loss` is the loss."""
+    if spec["model"].startswith("hf/"):
+        model, batch = hf_zoo.build_hf(spec["model"][3:], spec["size"], device=device)
+        return model, lambda b, t: (batch(b, t),), lambda fn, inputs: hf_zoo.loss_of(fn(**inputs[0]))
+    model, make_inputs = build(spec["model"], spec["size"], device=device)
+    return model, make_inputs, lambda fn, inputs: fn(*inputs)
+
+
 def predict(model, make_inputs, spec: dict, args, options: dict | None) -> dict:
     """colauto's prediction for this model, made before any training allocates memory."""
     # fresh inputs: profile() marks its inputs' dims dynamic, which must not leak into training
@@ -144,25 +171,27 @@ def predict(model, make_inputs, spec: dict, args, options: dict | None) -> dict:
     return pred
 
 
-def training_step(fn, opt, x, targets, args):
-    """One step as the user's script would run it: autocast forward, backward, optimizer, grads to None."""
+def training_step(fn, opt, x, targets, args, loss_of=None):
+    """One step as the user's script would run it: autocast forward, backward, optimizer, grads to None.
+    `loss_of(fn, inputs)` calls a model that does not take `(x, targets)` (a transformers model)."""
     with autocast(args):
-        loss = fn(x, targets)
+        loss = fn(x, targets) if loss_of is None else loss_of(fn, (x,) if targets is None else (x, targets))
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss
 
 
-def train(model, make_inputs, spec: dict, mode: str, args, compile_fn=None) -> dict:
+def train(model, make_inputs, spec: dict, mode: str, args, compile_fn=None, loss_of=None) -> dict:
     """Warm-up (the first step is timed alone: compile time), then the timed steps. `compile_fn`
     replaces the mode's own torch.compile call (the remat sweep passes its own options)."""
-    x, targets = make_inputs(spec["batch"], spec["seq"])
+    x, *rest = make_inputs(spec["batch"], spec["seq"])
+    targets = rest[0] if rest else None
     opt = make_optimizer(model, args.device)
     fn = compile_fn(model) if compile_fn is not None else compiled(model, mode)
 
     def step():
-        return training_step(fn, opt, x, targets, args)
+        return training_step(fn, opt, x, targets, args, loss_of)
 
     sync(args.device)
     t0 = time.perf_counter()
@@ -210,11 +239,14 @@ def run_one(spec: dict, mode: str, args) -> dict:
     model = None
     try:
         if mode in COLAUTO_MODES:  # the codegen in effect: options= if given, else COLAUTO_CODEGEN
-            row["codegen"] = colauto_config.load(COLAUTO_MODES[mode]).codegen
-        model, make_inputs = build(spec["model"], spec["size"], device=args.device)  # fp32 weights
-        if mode in COLAUTO_MODES:
+            config = colauto_config.load(COLAUTO_MODES[mode])
+            example = [torch.empty(0, device=args.device)]   # codegen auto is resolved by the inputs' device
+            row["codegen"] = colauto_config.resolve_codegen(config, example).codegen
+        model, make_inputs, loss_of = build_model(spec, args.device)  # fp32 weights
+        row["params"] = sum(p.numel() for p in model.parameters())
+        if mode in COLAUTO_MODES and not spec["model"].startswith("hf/"):   # profile() takes positional inputs
             row.update(predict(model, make_inputs, spec, args, COLAUTO_MODES[mode]))
-        row.update(train(model, make_inputs, spec, mode, args))
+        row.update(train(model, make_inputs, spec, mode, args, loss_of=loss_of))
         if row.get("pred_peak_bytes") and row["peak_bytes"]:
             row["peak_error"] = row["pred_peak_bytes"] / row["peak_bytes"] - 1
         if row.get("pred_step_time_s"):

@@ -33,11 +33,11 @@ def colauto(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Ca
 def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None) -> Callable:
     """A backend closure for one Config. `on_analysis` is told each analysis (profile() uses it).
     On several ranks the distributed path plans and shards first, then compiles local graphs."""
-    local = local_backend(config, on_analysis)
-
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        if dist_entry.active(config):
-            return dist_entry.compile(gm, example_inputs, config, local)
+        resolved = cfg.resolve_codegen(config, example_inputs)
+        local = local_backend(resolved, on_analysis)
+        if dist_entry.active(resolved):
+            return dist_entry.compile(gm, example_inputs, resolved, local)
         return local(gm, example_inputs)
     return backend
 
@@ -65,7 +65,10 @@ def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: l
 
 def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None) -> Callable:
     """The single-device backend: AOTAutograd with colauto's partitioner and code generation."""
+    unresolved = config
+
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        config = cfg.resolve_codegen(unresolved, example_inputs)
         device = resolve(config.device, next((t for t in example_inputs if isinstance(t, torch.Tensor)), None))
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:

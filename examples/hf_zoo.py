@@ -1,0 +1,168 @@
+"""HuggingFace transformers models as users have them, built from configs (no network, random weights).
+
+Each entry names a transformers class and two shapes: ``tiny`` (CPU tests: 2 layers, width 64) and, for
+causal LMs, ``bench`` (the GPU benchmark: the shape of a public 0.4-1.5B checkpoint). Nothing here wraps
+the model: it is called as a user calls it, ``model(input_ids=x, labels=x).loss`` (``pixel_values=`` for
+vision, ``decoder_input_ids`` from the labels for encoder-decoders), and returns a ``ModelOutput``.
+
+    from examples.hf_zoo import build_hf
+    model, batch = build_hf("qwen2")                      # tiny, fp32, CPU
+    loss = model(**batch(2, 16)).loss
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class HFSpec:
+    config: str                    # transformers config class
+    model: str                     # transformers model class
+    kind: str                      # causal | masked | seq2seq | image
+    tiny: dict[str, Any]
+    bench: dict[str, Any] | None = None   # public checkpoint's shape (causal LMs only)
+    bench_batch: int = 8
+    checkpoint: str = ""           # whose shape `bench` is
+
+
+_L = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128, vocab_size=256,
+          max_position_embeddings=256)
+_ROPE = dict(_L, num_key_value_heads=2)
+
+SPECS: dict[str, HFSpec] = {
+    # causal LMs: the GPU benchmark's rows
+    "llama": HFSpec("LlamaConfig", "LlamaForCausalLM", "causal", _ROPE,
+                    dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048), 4,
+                    "TinyLlama-1.1B"),
+    "qwen2": HFSpec("Qwen2Config", "Qwen2ForCausalLM", "causal", _ROPE,
+                    dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                         tie_word_embeddings=True), 8, "Qwen2.5-0.5B"),
+    "qwen3": HFSpec("Qwen3Config", "Qwen3ForCausalLM", "causal", dict(_ROPE, head_dim=16),
+                    dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                         num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                         tie_word_embeddings=True), 8, "Qwen3-0.6B"),
+    "mistral": HFSpec("MistralConfig", "MistralForCausalLM", "causal", dict(_ROPE, sliding_window=None),
+                      dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+                           num_key_value_heads=8, vocab_size=32768, max_position_embeddings=4096,
+                           sliding_window=None), 4, "Mistral-7B layout at 1B"),
+    "gemma": HFSpec("GemmaConfig", "GemmaForCausalLM", "causal", dict(_ROPE, head_dim=16),
+                    dict(hidden_size=1536, intermediate_size=8192, num_hidden_layers=12, num_attention_heads=8,
+                         num_key_value_heads=1, head_dim=256, vocab_size=256000, max_position_embeddings=8192),
+                    4, "Gemma-2B layout at 12 layers"),
+    "phi3": HFSpec("Phi3Config", "Phi3ForCausalLM", "causal", dict(_ROPE, pad_token_id=0),
+                   dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
+                        num_key_value_heads=32, vocab_size=32064, max_position_embeddings=4096,
+                        pad_token_id=0), 4, "Phi-3 layout at 1B"),
+    "gpt2": HFSpec("GPT2Config", "GPT2LMHeadModel", "causal",
+                   dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=256),
+                   dict(n_layer=36, n_head=20, n_embd=1280, vocab_size=50257, n_positions=1024), 8, "GPT-2 large"),
+    "gpt_neox": HFSpec("GPTNeoXConfig", "GPTNeoXForCausalLM", "causal", _L,
+                       dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                            vocab_size=50304, max_position_embeddings=2048), 8, "Pythia-410M"),
+    "opt": HFSpec("OPTConfig", "OPTForCausalLM", "causal",
+                  dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, ffn_dim=128, vocab_size=256,
+                       max_position_embeddings=256, word_embed_proj_dim=64),
+                  dict(num_hidden_layers=24, num_attention_heads=32, hidden_size=2048, ffn_dim=8192,
+                       vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=2048), 4, "OPT-1.3B"),
+    "falcon": HFSpec("FalconConfig", "FalconForCausalLM", "causal",
+                     dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, vocab_size=256,
+                          new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False,
+                          alibi=False),
+                     dict(num_hidden_layers=24, num_attention_heads=32, hidden_size=2048, vocab_size=50304,
+                          new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True,
+                          alibi=False), 4, "Falcon-RW-1B layout with rotary"),
+    # mixture of experts: data-dependent routing
+    "qwen2_moe": HFSpec("Qwen2MoeConfig", "Qwen2MoeForCausalLM", "causal",
+                        dict(_ROPE, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+                             num_experts_per_tok=2, decoder_sparse_step=1)),
+    # encoder-only
+    "bert": HFSpec("BertConfig", "BertForMaskedLM", "masked", _L),
+    "roberta": HFSpec("RobertaConfig", "RobertaForMaskedLM", "masked", dict(_L, pad_token_id=1)),
+    # encoder-decoder
+    "t5": HFSpec("T5Config", "T5ForConditionalGeneration", "seq2seq",
+                 dict(num_layers=2, num_heads=4, d_model=64, d_kv=16, d_ff=128, vocab_size=256,
+                      decoder_start_token_id=0)),
+    "bart": HFSpec("BartConfig", "BartForConditionalGeneration", "seq2seq",
+                   dict(encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                        d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=256,
+                        max_position_embeddings=256)),
+    # vision
+    "vit": HFSpec("ViTConfig", "ViTForImageClassification", "image",
+                  dict(image_size=32, patch_size=8, num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
+                       intermediate_size=128, num_labels=10, problem_type="single_label_classification")),
+    "convnext": HFSpec("ConvNextConfig", "ConvNextForImageClassification", "image",
+                       dict(image_size=32, num_channels=3, hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
+                            num_labels=10, problem_type="single_label_classification")),
+    "resnet": HFSpec("ResNetConfig", "ResNetForImageClassification", "image",
+                     dict(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                          layer_type="basic", num_labels=10, problem_type="single_label_classification")),
+}
+NAMES = tuple(SPECS)
+CAUSAL_BENCH = tuple(n for n, s in SPECS.items() if s.bench is not None)
+
+# no dropout anywhere: compiled and eager runs must draw no random numbers to compare exactly
+_NO_DROPOUT = ("dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout",
+               "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "dropout_rate",
+               "hidden_dropout", "activation_dropout", "classifier_dropout", "drop_path_rate")
+
+
+def config_of(name: str, size: str = "tiny"):
+    import transformers  # lazy: only HF models need it
+
+    if name not in SPECS:
+        raise ValueError(f"unknown HF model {name!r}: use one of {', '.join(NAMES)}")
+    spec = SPECS[name]
+    shape = spec.tiny if size == "tiny" else spec.bench
+    if shape is None:
+        raise ValueError(f"HF model {name!r} has no {size!r} shape: use tiny"
+                         + (" or bench" if spec.bench else ""))
+    config = getattr(transformers, spec.config)(**shape)
+    for key in _NO_DROPOUT:
+        if hasattr(config, key) and isinstance(getattr(config, key), float):
+            setattr(config, key, 0.0)
+    config.use_cache = False
+    vocab = getattr(config, "vocab_size", None)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):   # defaults of the full vocabulary
+        if vocab and isinstance(getattr(config, key, None), int) and getattr(config, key) >= vocab:
+            setattr(config, key, vocab - 1)
+    return config
+
+
+def build_hf(name: str, size: str = "tiny", device="cpu", dtype=torch.float32,
+             ) -> tuple[torch.nn.Module, Callable[[int, int], dict[str, torch.Tensor]]]:
+    """``(model, batch)``: the model with seeded random weights, and ``batch(B, T)`` -> the keyword
+    arguments of one training call (``T`` is the image side for vision models); both are the same on
+    every call."""
+    import transformers
+
+    spec = SPECS.get(name)
+    config = config_of(name, size)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
+        model = getattr(transformers, spec.model)(config)
+    model = model.to(dtype=dtype)
+    model.train()
+    vocab = getattr(config, "vocab_size", 0)
+    labels = getattr(config, "num_labels", 0)
+
+    def batch(b: int, t: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)
+        if spec.kind == "image":
+            x = torch.randn(b, config.num_channels, t, t, generator=g).to(dtype)
+            return {"pixel_values": x.to(device), "labels": torch.randint(0, labels, (b,), generator=g).to(device)}
+        ids = torch.randint(1, vocab, (b, t), generator=g).to(device)
+        if spec.kind == "seq2seq":
+            return {"input_ids": ids, "labels": torch.randint(1, vocab, (b, t), generator=g).to(device)}
+        return {"input_ids": ids, "labels": ids}
+
+    return model, batch
+
+
+def loss_of(output) -> torch.Tensor:
+    """The loss a transformers ``ModelOutput`` carries."""
+    return output.loss if hasattr(output, "loss") else output[0]

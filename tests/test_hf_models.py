@@ -1,0 +1,153 @@
+"""HuggingFace transformers models as users have them (examples/hf_zoo.py: built from configs, called as
+`model(**batch).loss`, ModelOutput returns, their own masks, rotary caches, tied embeddings and graph
+breaks): training with `backend="colauto"` equals eager under every codegen, with no budget, with a
+budget that forces recomputation, and with dynamic shapes; FLOPs equal FlopCounterMode's."""
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import colauto_backend
+from colauto_backend import backend as backend_mod
+from colauto_backend import config as cfg
+from examples.hf_zoo import NAMES, SPECS, build_hf
+
+CODEGENS = ("aten", "inductor", "triton")
+VARIANTS = ("none", "budget", "dynamic")
+ATOL = {"aten": 1e-5, "inductor": 1e-4, "triton": 1e-4}
+
+
+def sizes(name: str) -> tuple[int, int]:
+    return (4, 32) if SPECS[name].kind == "image" else (4, 64)
+
+
+def step(model, fn, batch):
+    loss = fn(**batch).loss
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def assert_same(got, ref, atol):
+    (loss, grads), (ref_loss, ref_grads) = got, ref
+    torch.testing.assert_close(loss, ref_loss, atol=atol, rtol=1e-4)
+    assert grads.keys() == ref_grads.keys() and grads
+    for key in grads:
+        torch.testing.assert_close(grads[key], ref_grads[key], atol=atol, rtol=1e-3, msg=key)
+
+
+class _Stop(Exception):
+    pass
+
+
+def planned_peaks(model, batch, codegen) -> tuple[int, int]:
+    """(predicted unplanned peak, the least peak any plan reaches, headroom included) of the model's first
+    graph under `codegen`: two captures that stop once the plan exists (nothing is compiled)."""
+    got = []
+
+    def stop(analysis):
+        got.append(analysis)
+        raise _Stop()
+    backend = backend_mod.make_backend(cfg.load({"codegen": codegen, "memory_budget": "none"}), stop)
+    with pytest.raises(Exception) as info:
+        torch.compile(model, backend=backend)(**batch)
+    assert isinstance(info.value, _Stop) or isinstance(getattr(info.value, "inner_exception", None), _Stop)
+    unplanned = got[0].evaluate(got[0].hints)["peak_memory_bytes"]
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": 1024})(**batch)
+    error = info.value
+    error = getattr(error, "inner_exception", error)
+    assert isinstance(error, colauto_backend.BudgetError), repr(error)
+    torch._dynamo.reset()
+    return unplanned, error.smallest_bytes
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("codegen", CODEGENS)
+@pytest.mark.parametrize("name", NAMES)
+def test_training_matches_eager(name, codegen, variant):
+    model, make = build_hf(name)
+    ref_model, _ = build_hf(name)
+    b, t = sizes(name)
+    batch = make(b, t)
+    options = {"codegen": codegen}
+    if variant == "budget":
+        unplanned, smallest = planned_peaks(model, batch, codegen)
+        assert smallest < unplanned, "no plan below the unplanned peak: the budget cannot force recomputation"
+        options["memory_budget"] = (smallest + unplanned) // 2
+    backend_mod.ANALYSES.clear()
+    compiled = torch.compile(model, backend="colauto", options=options, dynamic=variant == "dynamic" or None)
+    assert_same(step(model, compiled, batch), step(ref_model, ref_model, batch), ATOL[codegen])
+    if variant == "budget":
+        assert any(a.recomputed for a in backend_mod.ANALYSES), "the budget made nothing recompute"
+        plans = [a.plan for a in backend_mod.ANALYSES if a.plan is not None]
+        assert plans and all(p.peak_with_bytes <= options["memory_budget"] for p in plans)
+    if variant == "dynamic":   # other sizes run through the same graphs, still equal to eager
+        other = make(b + 1, t if SPECS[name].kind == "image" else t + 16)   # ViT: its image size is fixed
+        assert_same(step(model, compiled, other), step(ref_model, ref_model, other), ATOL[codegen])
+
+
+def colauto_flops(model, batch) -> int:
+    backend_mod.ANALYSES.clear()
+    compiled = torch.compile(model, backend="colauto")
+    compiled(**batch).loss.backward()
+    evs = [a.evaluate(a.hints) for a in backend_mod.ANALYSES]
+    return sum(e["flops_fwd"] + e["flops_bwd"] for e in evs)
+
+
+def counted_flops(model, batch) -> int:
+    with FlopCounterMode(display=False) as counter:
+        model(**batch).loss.backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("convnext",)])
+def test_flops_equal_flop_counter(name):
+    model, make = build_hf(name)
+    batch = make(*sizes(name))
+    assert colauto_flops(model, batch) == counted_flops(model, batch)
+
+
+def test_grouped_convolution_flops_follow_the_math():
+    """FlopCounterMode's convolution-backward formula ignores `groups` for the weight gradient (it counts
+    a dense [C_out, C_in, k, k] product); colauto counts what a grouped convolution does: every one of
+    the N*H_out*W_out*C_out*(C_in/groups)*k*k multiply-adds, in forward, input gradient and weight gradient."""
+    n, c, h, k, groups = 2, 16, 8, 3, 8
+    conv = torch.nn.Conv2d(c, c, k, padding=1, groups=groups, bias=False)
+    x = torch.randn(n, c, h, h, requires_grad=True)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            return self.conv(x).sum()
+    per_pass = 2 * n * h * h * c * (c // groups) * k * k          # 2 FLOPs per multiply-add
+    prof = colauto_backend.profile(Net(), x)
+    assert prof.flops_fwd == per_pass
+    assert prof.flops_bwd == 2 * per_pass                           # input gradient + weight gradient
+    with FlopCounterMode(display=False) as counter:
+        Net()(x).backward()
+    assert counter.get_total_flops() == per_pass * (2 + groups)     # its weight gradient: groups x too many
+
+
+def test_convnext_flops_differ_from_flop_counter_only_by_its_grouped_weight_gradients():
+    """ConvNeXt's depthwise convolutions: colauto = FlopCounterMode less what FlopCounterMode overcounts on
+    each grouped convolution's weight gradient (groups - 1 times the true count)."""
+    model, make = build_hf("convnext")
+    batch = make(*sizes("convnext"))
+    over = 0
+
+    def count_over(module, inputs, output):
+        nonlocal over
+        if module.groups > 1:
+            true = 2 * output.numel() * (module.in_channels // module.groups) * module.kernel_size[0] * module.kernel_size[1]
+            over += (module.groups - 1) * true
+    hooks = [m.register_forward_hook(count_over) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    counted = counted_flops(model, batch)
+    for h in hooks:
+        h.remove()
+    assert over > 0
+    assert colauto_flops(model, batch) == counted - over
