@@ -1,17 +1,74 @@
 """The one place colauto touches private PyTorch APIs (torch 2.11-2.13). A torch upgrade edits this file."""
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any, Callable
 
 import sympy
 import torch
-from torch._dynamo.backends.common import aot_autograd          # noqa: F401  (re-exported)
+from torch._dynamo.backends.common import aot_autograd as _aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop          # boxed call: frees inputs at last use
-from torch._dynamo.exc import BackendCompilerFailed
+from torch._dynamo.exc import BackendCompilerFailed, ShortenTraceback
 from torch._functorch.partitioners import default_partition    # noqa: F401  (re-exported)
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.fx.experimental import _config as fx_config
+
+
+class PassThroughError(ShortenTraceback):
+    """Base of the errors colauto raises for its user (ConfigError, BudgetError): one line, reaching the
+    caller of the compiled model as itself.
+
+    Dynamo wraps whatever a backend raises in BackendCompilerFailed (the message under "backend='colauto'
+    raised:", Dynamo's hints, "please report a bug"), except a few types `OutputGraph.call_user_compiler`
+    re-raises as they are: on torch 2.11-2.13 `ShortenTraceback` (and RestartAnalysis; 2.13 adds IndexError),
+    which is how Inductor's own user-facing errors (TritonMissing, InductorError) get out.
+    `convert_frame` then appends "from user code" / "TORCHDYNAMO_VERBOSE" text to `args[0]`
+    (augment_exc_message): `str()` stays the one message line regardless. `eval_frame` re-raises it
+    with `remove_dynamo_frames()`: the traceback keeps only the frame that raised it (all of it with
+    TORCHDYNAMO_VERBOSE=1). With torch._dynamo.config.suppress_errors it is logged and the frame runs
+    eagerly, as any backend error."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, first_useful_frame=None)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+    def __reduce__(self):
+        return (_rebuild_error, (type(self), self.message, self.__dict__))
+
+    def remove_dynamo_frames(self) -> "PassThroughError":
+        if torch._dynamo.config.verbose or self.__traceback__ is None:
+            return self
+        tb = self.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        return self.with_traceback(tb)
+
+
+def _rebuild_error(cls: type, message: str, state: dict) -> PassThroughError:
+    err = cls.__new__(cls)
+    PassThroughError.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+def aot_autograd(**kwargs) -> Callable:
+    """torch's AOTAutograd backend (`torch._dynamo.backends.common.aot_autograd`), which first writes the
+    Dynamo graph's module paths relative to the compiled module (`name_modules_from_root`), so that what
+    the joint graph's nodes inherit (`nn_module_stack`, `fwd_nn_module_stack`) names the model's own
+    layers whatever the compiled frame calls the module."""
+    compile_graph = _aot_autograd(**kwargs)
+
+    def compile_with_names(gm: torch.fx.GraphModule, example_inputs: list, **kw) -> Callable:
+        name_modules_from_root(gm)
+        return compile_graph(gm, example_inputs, **kw)
+    return compile_with_names
 
 
 def run_as_aten(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -20,21 +77,61 @@ def run_as_aten(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 
 
 def inductor_decompositions() -> dict:
+    """Inductor's decomposition table. Some of its entries read Inductor modules that compile_fx imports
+    and the table's module does not (max_pool2d_with_indices asks `torch._inductor.lowering` whether to
+    fall back): import them first, as torch.compile's Inductor path has before it traces."""
+    import torch._inductor.lowering  # noqa: F401
     from torch._inductor.decomposition import select_decomp_table
     return select_decomp_table()
+
+
+@contextlib.contextmanager
+def _inductor_context(gm: torch.fx.GraphModule, example_inputs=()):
+    """What Inductor's compile_fx sets up around its joint-graph passes, partitioner and compile_fx_inner
+    (colauto calls them from its own AOTAutograd callbacks, outside compile_fx): the virtualized fake mode
+    (V.fake_mode; passes such as the seed fusion of replace_random run `with V.fake_mode:`, a NullHandler
+    outside it: "TypeError: 'NullHandler' object does not support the context manager protocol"), the
+    Python dispatcher, and the graph's CUDA device."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._guards import detect_fake_mode
+    from torch._inductor import compile_fx
+    from torch._inductor.virtualized import V
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = (detect_fake_mode(list(example_inputs) + vals)
+                 or torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True))
+    device_context = getattr(compile_fx, "get_cuda_device_context", None)
+    with V.set_fake_mode(fake_mode), enable_python_dispatcher(), \
+            (device_context(gm) if device_context is not None else contextlib.nullcontext()):
+        yield
+
+
+def _input_device(gm: torch.fx.GraphModule) -> torch.device | None:
+    """The first device of the graph's inputs (Inductor registers its device-specific joint patterns,
+    pad_mm and fused attention, for it)."""
+    for n in gm.graph.nodes:
+        val = n.meta.get("val") if n.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.device.type != "meta":
+            return val.device
+    return None
 
 
 def min_cut_partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs) -> tuple:
     """Inductor's own partitioner (min-cut over fusible ops); it honours MUST_SAVE/MUST_RECOMPUTE tags and
     decides every untagged node itself."""
-    return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
+    with _inductor_context(joint, joint_inputs):
+        return min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
 
 
 def inductor_joint_passes(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The pattern rewrites Inductor runs on the joint graph before partitioning, so that colauto plans
     the graph Inductor would compile."""
+    import inspect
     from torch._inductor.compile_fx import _recursive_joint_graph_passes
-    return _recursive_joint_graph_passes(joint)
+    kwargs = {}
+    if "input_device" in inspect.signature(_recursive_joint_graph_passes).parameters:
+        kwargs["input_device"] = _input_device(joint)
+    with _inductor_context(joint):
+        return _recursive_joint_graph_passes(joint, **kwargs)
 
 
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
@@ -50,7 +147,7 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
         passes = {k: v for k, v in (("bucket_all_reduces_fx", "all"), ("bucket_reduce_scatters_fx", "all"),
                                     ("bucket_all_gathers_fx", "all"), ("reorder_for_compute_comm_overlap", True))
                   if hasattr(inductor_config, k)}
-    with inductor_config.patch(passes):
+    with inductor_config.patch(passes), _inductor_context(gm, example_inputs):   # as compile_fx calls it
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
 
 
@@ -116,13 +213,89 @@ def register_flop_formula(op: Any, fn: Callable) -> None:
 
 
 
+# How Dynamo names what the compiled frame reaches: a root (a local "L['x']" or global "G['x']"), then
+# item accesses ("[0]", "['input_ids']") and attributes (".fc", "._modules['fc']", "._parameters['w']").
+_QUOTED = r"""(?:'[^']*'|"[^"]*")"""
+_ROOT = re.compile(rf"^[LG]\[{_QUOTED}\](?:\[\d+\]|\[{_QUOTED}\])*")
+_STATE = re.compile(r"^\._(?:modules|parameters|buffers)\[")
+SELF = "L['self']"
+
+
+def _is_module(root: str, frame: dict | None) -> bool | None:
+    """Whether the object `root` names (a frame local and item accesses) is an nn.Module; None where the
+    frame is not at hand or the name cannot be followed."""
+    if frame is None or not root.startswith("L["):
+        return None
+    obj: Any = frame
+    try:
+        for key in re.findall(rf"\[(\d+|{_QUOTED})\]", root):
+            obj = obj[int(key)] if key.isdigit() else obj[key[1:-1]]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return isinstance(obj, torch.nn.Module)
+
+
+def module_root(name: str, frame: dict | None = None) -> str | None:
+    """The part of a Dynamo source name that is the compiled module ("L['self']", "L['s']" for
+    `def forward(s, x)`, "L['args'][0]" for a wrapper `def f(*args, **kwargs)` as transformers' decorators
+    have), or None when `name` is not under a module: its root and item accesses are the module when the
+    frame says so, or (no frame) when module state follows them ("._modules[", "._parameters[")."""
+    m = _ROOT.match(name)
+    if m is None:
+        return None
+    root, rest = m.group(0), name[m.end():]
+    known = _is_module(root, frame)
+    if known is None:
+        known = bool(_STATE.match(rest)) or (root == SELF and (rest == "" or rest.startswith(".")))
+    return root if known else None
+
+
+def _dotted(rest: str) -> str:
+    """"._modules['layers']._modules['0'].mlp" / ".layers[0].mlp" -> "layers.0.mlp"."""
+    rest = re.sub(rf"\._(?:modules|parameters|buffers)\[({_QUOTED})\]", lambda m: "." + m.group(1)[1:-1], rest)
+    rest = re.sub(r"\[(\d+)\]", r".\1", rest)
+    rest = re.sub(rf"\[({_QUOTED})\]", lambda m: "." + m.group(1)[1:-1], rest)
+    return rest.lstrip(".")
+
+
+def stack_path(path: str) -> str:
+    """An `nn_module_stack` entry's path as a path under the compiled module: "L['args'][0].model.layers.0",
+    "L['self'].model.layers[0]" and "L['s']._modules['model']..." all give "model.layers.0". Any root and
+    the item accesses after it are the module whose forward was compiled (a module stack holds modules)."""
+    m = _ROOT.match(path)
+    if m is not None:
+        path = path[m.end():]
+    else:
+        path = re.sub(r"^L__self___?", "", path)     # older Dynamo's flattened names
+    return _dotted(path)
+
+
+def name_modules_from_root(gm: torch.fx.GraphModule) -> None:
+    """Rewrite each node's `nn_module_stack` paths (in place, new dicts) as "L['self'].<path under the
+    compiled module>", the form colauto's readers (cost/table.py, module_path) take apart, whatever
+    the compiled frame calls the module (L['self'], L['s'], L['args'][0], ...)."""
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            node.meta["nn_module_stack"] = {
+                key: ((SELF + "." + p) if (p := stack_path(v[0])) else SELF, *v[1:]) for key, v in stack.items()}
+
+
 def source_name(placeholder: torch.fx.Node) -> str | None:
-    """Dynamo's source of a graph input ("L['self']._modules['fc']._parameters['weight']", "L['x']")."""
+    """Dynamo's source of a graph input ("L['self']._modules['fc']._parameters['weight']", "L['x']"), with
+    the compiled module written L['self'] whatever the frame calls it ("L['args'][0]._modules['fc']..."
+    from a `def wrapper(*args, **kwargs)`, "L['s']..." from `def forward(s, x)`)."""
     arg = placeholder.meta.get("grapharg")
     if arg is None:
         return None
     name = arg.source.name
-    return name() if callable(name) else name          # a method in 2.11, a property in 2.13
+    name = name() if callable(name) else name          # a method in 2.11, a property in 2.13
+    try:
+        frame = compiled_frame_locals()
+    except Exception:  # noqa: BLE001 - not inside a compile: judge by the name alone
+        frame = None
+    root = module_root(name, frame)
+    return SELF + name[len(root):] if root is not None else name
 
 
 def compiled_frame_locals() -> dict:
@@ -154,20 +327,25 @@ def register_cpu_attention_sharding() -> None:
         return rules(6, 3, attn_mask)
 
 
+def has_unbacked_size(val) -> bool:
+    """Whether a traced value (a node's meta["val"]) has a size known only once the op has run."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    return bool(free_unbacked_symbols(val))
+
+
 def example_int(x) -> int:
     """A size as the example had it: ints as they are, a SymInt by its hint (no guard added)."""
     return x if isinstance(x, int) else int(x.node.hint)
 
 
 def module_path(node: torch.fx.Node) -> str | None:
-    """The path under the compiled module of the module whose forward made this Dynamo graph node
-    ("blocks.1.mlp.fc"), from `nn_module_stack`; None where the node has none."""
+    """The path under the compiled module of the module whose forward made this graph node
+    ("blocks.1.mlp.fc"), from `nn_module_stack`, whatever the compiled frame calls the module (see
+    stack_path); None where the node has none or it is the compiled module itself."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return None
-    path = list(stack.values())[-1][0]
-    path = re.sub(r"\[(\d+)\]", r".\1", path)                 # blocks[1] -> blocks.1
-    return re.sub(r"^L\['self'\]\.?|^L__self___?", "", path) or None
+    return stack_path(list(stack.values())[-1][0]) or None
 
 
 def cuda_graph_trees(fn: Callable, gm: torch.fx.GraphModule, static_input_idxs: list[int], *, device_index: int,

@@ -10,7 +10,9 @@ pool and are overwritten by the next step's replay (reading an overwritten one r
 
 A graph that cannot be recorded runs as before, counted in SKIPPED by reason and warned about once:
 inputs not all on CUDA, an op that mutates its inputs or whose output shape depends on data, or
-collectives (distributed graphs). A backward is recorded only when its forward was.
+collectives (distributed graphs). An op that *may* have a data-dependent shape (aten.index.Tensor, which
+HuggingFace's mask functions call with integer indices) counts only where its traced output has a size
+that is not known before it runs (an unbacked symbol): a boolean-mask index does, an integer index does not. A backward is recorded only when its forward was.
 """
 from __future__ import annotations
 
@@ -72,7 +74,8 @@ def why_not(gm: torch.fx.GraphModule, inputs: list) -> str | None:
             return "it has collectives (a distributed plan)"
         if target._schema.is_mutable:
             return f"{target} mutates its input in place"
-        if {torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output} & set(target.tags):
+        if torch.Tag.data_dependent_output in target.tags or (
+                torch.Tag.dynamic_output_shape in target.tags and compat.has_unbacked_size(val)):
             return f"{target}'s output depends on data (it would synchronize with the CPU)"
     return None
 

@@ -105,7 +105,8 @@ SPECS: dict[str, HFSpec] = {
 NAMES = tuple(SPECS)
 CAUSAL_BENCH = tuple(n for n, s in SPECS.items() if s.bench is not None)
 
-# no dropout anywhere: compiled and eager runs must draw no random numbers to compare exactly
+# tiny (test) configs have no dropout: compiled and eager runs must draw no random numbers to compare
+# exactly. The bench shapes keep each config's own dropout defaults, as users have them.
 _NO_DROPOUT = ("dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout",
                "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "dropout_rate",
                "hidden_dropout", "activation_dropout", "classifier_dropout", "drop_path_rate")
@@ -122,7 +123,7 @@ def config_of(name: str, size: str = "tiny"):
         raise ValueError(f"HF model {name!r} has no {size!r} shape: use tiny"
                          + (" or bench" if spec.bench else ""))
     config = getattr(transformers, spec.config)(**shape)
-    for key in _NO_DROPOUT:
+    for key in _NO_DROPOUT if size == "tiny" else ():
         if hasattr(config, key) and isinstance(getattr(config, key), float):
             setattr(config, key, 0.0)
     config.use_cache = False

@@ -28,12 +28,37 @@ def _fake_cuda_graph(fn, *shapes):
 def test_which_graphs_can_be_recorded(fn, reason):
     if isinstance(fn, torch._ops.OpOverload):   # (make_fx cannot trace these here: the op is put in by hand)
         gm, inputs = _fake_cuda_graph(lambda x: aten.relu.default(x), (4, 8))
-        relu = next(n for n in gm.graph.nodes if n.op == "call_function")
-        relu.target = fn
+        if fn is aten.nonzero.default:
+            _unbacked_output(gm, fn)
+        else:
+            next(n for n in gm.graph.nodes if n.op == "call_function").target = fn
     else:
         gm, inputs = _fake_cuda_graph(fn, (4, 8))
     got = cuda_graphs.why_not(gm, inputs)
     assert got is None if reason is None else reason in got
+
+
+def _unbacked_output(gm, target):
+    """Put `target` in place of the graph's first op, its traced output sized by an unbacked symbol (a size
+    known only once the op has run: what Dynamo traces for nonzero or a boolean-mask index)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    node.target = target
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        node.meta["val"] = torch.empty(mode.shape_env.create_unbacked_symint(), 2, device="cuda")
+    return gm
+
+
+def test_index_is_data_dependent_only_where_its_size_is():
+    """HF's mask functions index with integer tensors (aten.index.Tensor, tagged dynamic_output_shape):
+    the traced size is known, so the graph is recorded; a boolean-mask index's is not."""
+    with FakeTensorMode():
+        x = torch.empty(4, 8, device="cuda")
+        i = torch.empty(3, dtype=torch.long, device="cuda")
+        gm = make_fx(lambda x, i: aten.index.Tensor(x, [i]))(x, i)
+    assert any(n.target is aten.index.Tensor for n in gm.graph.nodes)
+    assert cuda_graphs.why_not(gm, [x, i]) is None
+    assert "depends on data" in cuda_graphs.why_not(_unbacked_output(gm, aten.index.Tensor), [x, i])
 
 
 def test_cpu_graphs_run_as_before_and_are_counted(recwarn, monkeypatch, capsys):
