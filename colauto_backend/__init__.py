@@ -3,6 +3,9 @@
     torch.compile(model, backend="colauto")           # found through the torch_dynamo_backends entry point
     colauto_backend.profile(model, *example_inputs)   # the cost model, without running the model
     colauto_backend.explain(model, *example_inputs, mesh="2x4", device="h100")   # a parallel plan, offline
+
+A bad setting raises ConfigError, a memory budget nothing fits BudgetError: one line each, reaching the
+caller of the compiled model as themselves (not wrapped by Dynamo), so `except colauto_backend.ConfigError`.
 """
 from .backend import colauto
 from .config import Config, ConfigError

@@ -1,7 +1,9 @@
 """COLAUTO_* environment variables and `torch.compile(options=...)` -> one validated, frozen Config.
 
 Every knob the backend reads lives here. A bad value raises `ConfigError` with one line that names
-the variable and the accepted forms; nothing is silently defaulted.
+where it came from (the variable, or the `options=` key) and the accepted forms; nothing is silently
+defaulted. Raised while torch.compile compiles, it reaches the caller as itself (not wrapped in Dynamo's
+BackendCompilerFailed): see `_torch_compat.PassThroughError`.
 """
 from __future__ import annotations
 
@@ -10,17 +12,21 @@ import os
 import re
 from typing import Any, Mapping
 
-CODEGENS = ("aten", "inductor", "triton")
+from ._torch_compat import PassThroughError
+
+CODEGENS = ("auto", "aten", "inductor", "triton")
 OPTIMIZERS = ("adamw", "adamw_foreach", "sgd", "none")
 
 
-class ConfigError(ValueError):
-    """A COLAUTO_* setting has a value the backend cannot use."""
+class ConfigError(PassThroughError, ValueError):
+    """A COLAUTO_* setting or an `options=` key has a value the backend cannot use. One line; raised
+    inside torch.compile it reaches the caller unwrapped, catchable as `colauto_backend.ConfigError`."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
-    codegen: str = "aten"            # how the partitioned graphs run: aten ops, Inductor, or colauto's Triton kernels
+    codegen: str = "auto"            # how the partitioned graphs run: aten ops, Inductor, or colauto's Triton kernels;
+                                     # auto: resolved per compiled graph by `resolve_codegen`
     device: str | None = None        # roofline preset name or JSON path; None = the device found
     report: str | None = None        # None = off, "1" = print table on rank 0, else a JSON path
     optimizer: str = "adamw"         # optimizer-state assumption of the memory model
@@ -31,16 +37,17 @@ class Config:
 
 
 # name in options= -> (environment variable, parser)
-def _choice(var: str, choices: tuple[str, ...]):
-    def parse(raw: str) -> str:
+# Each parser gets the raw text and the label to blame ("COLAUTO_CODEGEN='fast'" or "options['codegen']='fast'").
+def _choice(choices: tuple[str, ...]):
+    def parse(raw: str, label: str) -> str:
         value = raw.strip().lower()
         if value not in choices:
-            raise ConfigError(f"{var}={raw!r} is not valid: use one of {', '.join(choices)}")
+            raise ConfigError(f"{label} is not valid: use one of {', '.join(choices)}")
         return value
     return parse
 
 
-def _report(raw: str) -> str | None:
+def _report(raw: str, label: str) -> str | None:
     value = raw.strip()
     if value.lower() in ("", "0", "false", "off", "no"):
         return None
@@ -48,12 +55,12 @@ def _report(raw: str) -> str | None:
         return "1"
     if not value.endswith(".json"):
         raise ConfigError(
-            f"COLAUTO_REPORT={raw!r} is not valid: use 1 (print the report), 0 (off) or a path ending in .json"
+            f"{label} is not valid: use 1 (print the report), 0 (off) or a path ending in .json"
         )
     return value
 
 
-def _device(raw: str) -> str:
+def _device(raw: str, label: str) -> str:
     from .cost.device import PRESETS  # local import: device presets import config for errors
 
     value = raw.strip()
@@ -62,7 +69,7 @@ def _device(raw: str) -> str:
     if value.endswith(".json") and os.path.isfile(value):
         return value
     raise ConfigError(
-        f"COLAUTO_DEVICE={raw!r} is not valid: use a preset ({', '.join(PRESETS)}) or the path of an existing .json file"
+        f"{label} is not valid: use a preset ({', '.join(PRESETS)}) or the path of an existing .json file"
     )
 
 
@@ -71,7 +78,7 @@ _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*$", re.I)
 
 
-def _budget(raw: str) -> tuple[str, float]:
+def _budget(raw: str, label: str) -> tuple[str, float]:
     if raw.strip().lower() == "none":
         return ("none", 0.0)
     m = _BUDGET.match(raw)
@@ -81,18 +88,18 @@ def _budget(raw: str) -> tuple[str, float]:
             return ("fraction", value)
         if unit in _UNITS and value > 0:
             return ("bytes", value * _UNITS[unit])
-    raise ConfigError(f"COLAUTO_MEMORY_BUDGET={raw!r} is not valid: use bytes with a unit (12GiB, 12000MB), "
+    raise ConfigError(f"{label} is not valid: use bytes with a unit (12GiB, 12000MB), "
                       "a fraction of the device's memory in (0, 1] (0.5), or none")
 
 
 ROLES = ("dp", "fsdp", "tp")   # replicate + all-reduce grads; shard + gather at use; Megatron tensor parallel
 
 
-def _mesh(raw: str) -> tuple[tuple[str | None, int], ...] | None:
+def _mesh(raw: str, label: str) -> tuple[tuple[str | None, int], ...] | None:
     value = raw.strip().lower()
     if value in ("", "auto"):
         return None
-    bad = ConfigError(f"COLAUTO_MESH={raw!r} is not valid: use sizes (4, 2x2), named axes (dp=2,tp=2; roles "
+    bad = ConfigError(f"{label} is not valid: use sizes (4, 2x2), named axes (dp=2,tp=2; roles "
                       f"{', '.join(ROLES)}) or auto; at most 3 axes")
     if "=" in value:
         axes = []
@@ -102,7 +109,7 @@ def _mesh(raw: str) -> tuple[tuple[str | None, int], ...] | None:
                 raise bad
             axes.append((role.strip(), int(size)))
         if len({r for r, _ in axes}) != len(axes):
-            raise ConfigError(f"COLAUTO_MESH={raw!r} names a role twice: give each of {', '.join(ROLES)} at most once")
+            raise ConfigError(f"{label} names a role twice: give each of {', '.join(ROLES)} at most once")
     else:
         sizes = value.split("x")
         if not all(s.strip().isdigit() and int(s) >= 1 for s in sizes):
@@ -113,25 +120,28 @@ def _mesh(raw: str) -> tuple[tuple[str | None, int], ...] | None:
     return tuple(axes)
 
 
-def _cudagraphs(raw: str) -> bool:
+def _cudagraphs(raw: str, label: str) -> bool:
     value = raw.strip().lower()
     if value not in ("0", "1", "false", "true"):
-        raise ConfigError(f"COLAUTO_CUDAGRAPHS={raw!r} is not valid: use 1 (replay the graphs as CUDA graphs) or 0")
+        raise ConfigError(f"{label} is not valid: use 1 (replay the graphs as CUDA graphs) or 0")
     return value in ("1", "true")
 
 
-def _comm(raw: str) -> str:
-    from .dist.comm import resolve   # local import: comm imports config for errors
+def _comm(raw: str, label: str) -> str:
+    from .dist.comm import PRESETS, resolve   # local import: comm imports config for errors
     value = raw.strip()
-    resolve(value, "")                         # raises ConfigError on a bad value
+    if value not in PRESETS and not (value.endswith(".json") and os.path.isfile(value)):
+        raise ConfigError(f"{label} is not valid: use a preset ({', '.join(PRESETS)}) or the JSON file "
+                          "`python -m colauto_backend.calibrate` wrote")
+    resolve(value, "")                         # reads the calibration file
     return value
 
 
 _FIELDS = {
-    "codegen": ("COLAUTO_CODEGEN", _choice("COLAUTO_CODEGEN", CODEGENS)),
+    "codegen": ("COLAUTO_CODEGEN", _choice(CODEGENS)),
     "device": ("COLAUTO_DEVICE", _device),
     "report": ("COLAUTO_REPORT", _report),
-    "optimizer": ("COLAUTO_OPTIMIZER", _choice("COLAUTO_OPTIMIZER", OPTIMIZERS)),
+    "optimizer": ("COLAUTO_OPTIMIZER", _choice(OPTIMIZERS)),
     "memory_budget": ("COLAUTO_MEMORY_BUDGET", _budget),
     "mesh": ("COLAUTO_MESH", _mesh),
     "comm": ("COLAUTO_COMM", _comm),
@@ -143,7 +153,8 @@ ENV_VARS = tuple(var for var, _ in _FIELDS.values()) + tuple(KERNEL_VARS)
 
 
 def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
-    """Read COLAUTO_* from the environment, then let `options` override (keys as in Config)."""
+    """Read COLAUTO_* from the environment, then let `options` override (keys as in Config). An error
+    names the `options` key when the value came from there, the variable otherwise."""
     environ = os.environ if environ is None else environ
     for var in environ:
         if var.startswith("COLAUTO_") and var not in ENV_VARS:
@@ -151,18 +162,33 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
         if KERNEL_VARS.get(var) and environ[var] not in KERNEL_VARS[var]:
             raise ConfigError(f"{var}={environ[var]!r} is not valid: use one of {', '.join(KERNEL_VARS[var])}")
     values: dict[str, Any] = {}
+    origin: dict[str, str] = {}           # key -> where its value came from, for errors across settings
     for key, (var, parse) in _FIELDS.items():
         if var in environ:
-            values[key] = parse(environ[var])
+            origin[key] = f"{var}={environ[var]!r}"
+            values[key] = parse(environ[var], origin[key])
     for key, raw in (options or {}).items():
         if key not in _FIELDS:
             raise ConfigError(f"options[{key!r}] is not a colauto option: use one of {', '.join(_FIELDS)}")
-        if key == "memory_budget" and isinstance(raw, (int, float)) and raw > 1:
-            raw = f"{raw}b"                       # a plain number in options= is bytes
-        values[key] = _FIELDS[key][1](str(raw))
+        origin[key] = f"options[{key!r}]={raw!r}"
+        text = str(raw)
+        if key == "memory_budget" and isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw > 1:
+            text = f"{raw}b"                       # a plain number in options= is bytes
+        values[key] = _FIELDS[key][1](text, origin[key])
     config = Config(**values)
     if config.cudagraphs and config.codegen == "inductor":
-        raise ConfigError("COLAUTO_CUDAGRAPHS=1 applies to COLAUTO_CODEGEN=aten or triton: Inductor's code takes "
-                          "CUDA graphs from torch.compile(mode=\"reduce-overhead\") instead")
+        raise ConfigError(f"{origin['cudagraphs']} applies to codegen aten or triton, not {origin['codegen']}: "
+                          "Inductor's code takes CUDA graphs from torch.compile(mode=\"reduce-overhead\") instead")
     return config
 
+
+def resolve_codegen(config: Config, example_inputs) -> Config:
+    """`codegen="auto"` made concrete for the device the graph's inputs are on: on CUDA, Inductor's code
+    generation (the fastest path measured on HuggingFace models), or colauto's Triton kernels when CUDA
+    graphs were asked for; elsewhere aten (op by op: nothing to compile)."""
+    if config.codegen != "auto":
+        return config
+    import torch   # local import: this module is read before anything needs torch
+    cuda = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs)
+    codegen = ("triton" if config.cudagraphs else "inductor") if cuda else "aten"
+    return dataclasses.replace(config, codegen=codegen)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch.fx as fx
 
 from . import graph
+from ._torch_compat import PassThroughError
 from .analysis import Analysis, layer_of
 from .emit import remat as emit
 from .report import fmt_bytes
@@ -40,8 +41,9 @@ HEADROOM = 0.005
 MAX_CANDIDATES = 12
 
 
-class BudgetError(RuntimeError):
-    """No plan fits COLAUTO_MEMORY_BUDGET; `smallest_bytes` is the least budget that would work."""
+class BudgetError(PassThroughError):
+    """No plan fits COLAUTO_MEMORY_BUDGET; `smallest_bytes` is the least budget that would work. One line;
+    raised inside torch.compile it reaches the caller unwrapped (a RuntimeError, as before)."""
 
     def __init__(self, message: str, smallest_bytes: int) -> None:
         super().__init__(message)
@@ -128,8 +130,8 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     persistent = least["param_bytes"] + least["grad_bytes"] + least["optimizer_state_bytes"]
     needed = int(least["peak_memory_bytes"] / (1 - HEADROOM)) + 1
     raise BudgetError(
-        f"COLAUTO_MEMORY_BUDGET: {fmt_bytes(budget)} is below the smallest peak colauto found, "
-        f"{fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
+        f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt_bytes(budget)} is below the smallest peak "
+        f"colauto found, {fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
         f"{fmt_bytes(persistent)}, activations and temporaries "
         f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}) plus {HEADROOM:.1%} headroom; set it to at least "
         f"{fmt_bytes(needed)}, or shrink the batch", needed)
