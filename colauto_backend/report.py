@@ -55,15 +55,16 @@ def summary(analysis: "Analysis", subs: dict | None = None) -> dict:
 
 def render(data: dict) -> str:
     t = data["totals"]
+    w = max([40] + [len(r["module"]) for r in data["layers"]])    # module paths are printed whole
     lines = [f"colauto cost model  (device preset {data['device']}, optimizer {data['optimizer']}, "
              f"sizes {data['sizes'] or 'static'}, built in {data['cost_model_s'] * 1e3:.0f} ms)",
-             f"{'module':<40} {'FLOPs':>12} {'activations':>12} {'est. time':>11}"]
+             f"{'module':<{w}} {'FLOPs':>12} {'activations':>12} {'est. time':>11}"]
     for r in data["layers"]:
         unknown = f"  ({r['unknown_ops']} ops of unknown cost)" if r["unknown_ops"] else ""
-        lines.append(f"{r['module'][:40]:<40} {fmt_flops(r['flops']):>12} "
+        lines.append(f"{r['module']:<{w}} {fmt_flops(r['flops']):>12} "
                      f"{fmt_bytes(r['activation_bytes']):>12} {r['est_time_s'] * 1e3:>9.3f}ms{unknown}")
     lines += [
-        f"{'total':<40} {fmt_flops(t['flops_fwd'] + t['flops_bwd']):>12} "
+        f"{'total':<{w}} {fmt_flops(t['flops_fwd'] + t['flops_bwd']):>12} "
         f"{fmt_bytes(t['saved_activation_bytes']):>12} {t['est_step_time_s'] * 1e3:>9.3f}ms",
         f"FLOPs fwd {fmt_flops(t['flops_fwd'])}, bwd {fmt_flops(t['flops_bwd'])}; "
         f"predicted peak {fmt_bytes(t['peak_memory_bytes'])} at {t['peak_at']} = parameters "

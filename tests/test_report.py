@@ -69,3 +69,25 @@ def test_profile_json_and_symbolic():
     assert int(sym["flops_fwd"].subs(subs)) == prof.flops_fwd
     assert set(sym) >= {"flops_fwd", "flops_bwd", "saved_activation_bytes", "peak_memory_bytes"}
     assert prof.timings["cost_s"] > 0
+
+
+class LongNames(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder_stack_with_a_rather_long_module_name = torch.nn.ModuleList(
+            torch.nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.encoder_stack_with_a_rather_long_module_name:
+            x = torch.relu(layer(x))
+        return x.sum()
+
+
+def test_report_prints_long_module_paths_whole(monkeypatch, capsys):
+    monkeypatch.setenv("COLAUTO_REPORT", "1")
+    model = LongNames()
+    torch.compile(model, backend="colauto")(torch.randn(4, 8)).backward()
+    rows = capsys.readouterr().out.splitlines()
+    for name in ("encoder_stack_with_a_rather_long_module_name.0", "encoder_stack_with_a_rather_long_module_name.1"):
+        assert name in dict(model.named_modules())
+        assert any(row.split()[0] == name for row in rows), rows
