@@ -9,6 +9,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/, bench/
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                   # strict_deps
 
 import colauto_backend  # noqa: E402  (after TRITON_INTERPRET)
 
@@ -16,6 +17,13 @@ import colauto_backend  # noqa: E402  (after TRITON_INTERPRET)
 # the same function by hand so backend="colauto" resolves. Where installed (CI), the entry point is used.
 if "colauto" not in torch._dynamo.list_backends(exclude_tags=()):
     torch._dynamo.register_backend(colauto_backend.colauto, name="colauto")
+
+
+# Every test dependency must be installed: a test module that skips itself for a missing one is a collection
+# error, a test skipped by importorskip fails, and a session where no test ran fails (tests/strict_deps.py;
+# `--allow-missing-deps` skips instead).
+from strict_deps import (pytest_addoption, pytest_make_collect_report, pytest_runtest_logreport,  # noqa: E402,F401
+                         pytest_runtest_makereport, pytest_sessionfinish)
 
 
 @pytest.fixture(autouse=True)
