@@ -289,9 +289,10 @@ def _custom_op(graph: fx.Graph):
                     refused.add(signature(inputs))
                     FALLBACKS[str(exc)] += 1
                     report.warn_once(f"colauto: a fused region runs as aten ops: {exc}")
-            return _as_list(module(*inputs))
+            return _unaliased(_as_list(module(*inputs)), inputs)
         _LIB.impl(name, run, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"colauto::{name}", lib=_LIB)(lambda inputs: _as_list(module(*inputs)))
+        torch.library.register_fake(f"colauto::{name}", lib=_LIB)(
+            lambda inputs: _unaliased(_as_list(module(*inputs)), inputs))
         _OPS[name] = getattr(torch.ops.colauto, name).default
     return _OPS[name], name
 
@@ -300,6 +301,20 @@ def _canonical(graph: fx.Graph) -> str:
     """The region's code with node names replaced by positions: the same ops in every layer share one op."""
     index = {n: f"%{i}" for i, n in enumerate(graph.nodes)}
     return ";".join(f"{n.op}:{n.target}:{fx.map_arg((n.args, n.kwargs), index.__getitem__)}" for n in graph.nodes)
+
+
+def _unaliased(outputs: list, inputs: list) -> list:
+    """The region's aten outputs with copies for any that share storage with an input or an earlier output:
+    a custom op's outputs may alias neither (the kernel path copies the same way, triton_kernels.launch)."""
+    seen = {t.untyped_storage()._cdata for t in inputs if isinstance(t, torch.Tensor)}
+    for i, t in enumerate(outputs):
+        if isinstance(t, torch.Tensor):
+            key = t.untyped_storage()._cdata
+            if key in seen:
+                outputs[i] = t = t.clone()
+                key = t.untyped_storage()._cdata
+            seen.add(key)
+    return outputs
 
 
 def _as_list(out) -> list:

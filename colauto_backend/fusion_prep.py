@@ -125,8 +125,8 @@ def _fold_into(graph: fx.Graph, expand: fx.Node, user: fx.Node) -> bool:
     with graph.inserting_before(user):
         inner = graph.call_function(user.target, args, kwargs)
         inner.meta["val"] = val
-        outer = graph.call_function(aten.expand.default, (inner, *expand.args[1:]), dict(expand.kwargs))
-        outer.meta["val"] = aten.expand.default(val, *expand.args[1:], **expand.kwargs)
+        # (the sizes may be nodes: a dynamic shape's sym_size; `call` reads their example values)
+        outer = call(graph, aten.expand.default, inner, *expand.args[1:], **expand.kwargs)
     user.replace_all_uses_with(outer)
     graph.erase_node(user)
     return True

@@ -90,18 +90,23 @@ def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget:
     limit = float("inf") if budget is None else budget * (1 - HEADROOM)
     if base["peak_memory_bytes"] <= limit:
         return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
-    frontier, nodes, quantum = remat_frontier(joint, baseline, base, buffers)
+    frontier, nodes, quantum, problem = _solve(joint, baseline, base, buffers)
     names = [n.name for n in nodes]
     solve_s = time.perf_counter() - start
     points = _candidates(len(frontier.memory))
+    # A node the plan may not recompute (random ops, readers of module buffers) is tagged MUST_SAVE where
+    # the DP did not keep it: "never recompute; save if backward reads it". MUST_RECOMPUTE there made
+    # the min-cut partitioner (Inductor and Triton codegen) recompute it in backward anyway: a BatchNorm
+    # re-reading running stats the step had updated in place, or SDPA with its RNG state functionalized.
+    fixed = [not r for r in problem.can_recompute]
     if baseline.fused:   # each point twice: only its compute-bound decisions, and all of them
         compute = {c.name for c in baseline.costs.nodes if c.kind == "matmul"}
         choices = [frontier.choices(p) for p in points]
         decisions = list(dict.fromkeys(
-            [_tags(ch, nodes, compute) for ch in choices] + [_tags(ch, nodes, None) for ch in choices]))
+            [_tags(ch, nodes, compute, fixed) for ch in choices] + [_tags(ch, nodes, None, fixed) for ch in choices]))
         bounds = [0.0] * len(decisions)    # min-cut may keep less than the DP did: no bound
     else:
-        decisions = [frontier.keep(p) for p in points]
+        decisions = [tuple(k or f for k, f in zip(frontier.keep(p), fixed)) for p in points]
         bounds = [(frontier.memory[p] - len(nodes)) * quantum for p in points]
     # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
     held = base["param_bytes"] + base["optimizer_state_bytes"] + base["input_bytes"]
@@ -141,6 +146,13 @@ def remat_frontier(joint: fx.GraphModule, baseline: Analysis, base: dict,
                    buffers: frozenset[str] = frozenset()) -> tuple[solver.Frontier, list[fx.Node], float]:
     """The DP's Pareto frontier of (memory units kept for backward, recompute seconds), the nodes in
     solver order, and the bytes per memory unit. `base` is `baseline.evaluate(baseline.hints)`."""
+    frontier, nodes, quantum, _ = _solve(joint, baseline, base, buffers)
+    return frontier, nodes, quantum
+
+
+def _solve(joint: fx.GraphModule, baseline: Analysis, base: dict,
+           buffers: frozenset[str]) -> tuple[solver.Frontier, list[fx.Node], float, solver.RematProblem]:
+    """`remat_frontier` and the problem it solved."""
     times = graph.node_times(baseline.costs, base["_recompute_times"])
     keep_time: dict[str, float] = {}
     if baseline.fused:   # under Inductor, keeping a fusible intermediate costs writing it in forward
@@ -155,14 +167,15 @@ def remat_frontier(joint: fx.GraphModule, baseline: Analysis, base: dict,
               else frozenset())
     problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned,
                                                   buffers=buffers, keep_time=keep_time)
-    return solver.solve(problem), nodes, quantum
+    return solver.solve(problem), nodes, quantum, problem
 
 
-def _tags(choices: tuple[int, ...], nodes: list, only: set[str] | None) -> tuple[bool | None, ...]:
+def _tags(choices: tuple[int, ...], nodes: list, only: set[str] | None,
+          fixed: list[bool]) -> tuple[bool | None, ...]:
     """Tags for min-cut: keep/recompute where the DP kept or recomputed a node (of `only`, if given);
-    None (min-cut decides) elsewhere."""
-    return tuple(c == solver.KEEP if c != solver.SKIP and (only is None or n.name in only) else None
-                 for n, c in zip(nodes, choices))
+    keep (never recompute) where the node may not be recomputed; None (min-cut decides) elsewhere."""
+    return tuple(True if f else c == solver.KEEP if c != solver.SKIP and (only is None or n.name in only) else None
+                 for n, c, f in zip(nodes, choices, fixed))
 
 
 def _candidates(n_points: int, most: int = MAX_CANDIDATES) -> list[int]:

@@ -27,6 +27,19 @@ class Launch:
     # aligned then (Triton specializes pointers on it; sizes and strides are fixed per Launch already).
     _direct: Callable | None = field(default=None, repr=False)
     _aligned: tuple[bool, ...] = field(default=(), repr=False)
+    # Outputs returned as copies: a custom op's outputs may alias neither its inputs nor each other, but an
+    # output can be an input itself (an op that lowers to nothing) or the value of an earlier output (two
+    # ops the builder found equal: GPT-NeoX's two LayerNorms of one tensor share their mean and rstd).
+    _copies: tuple[int, ...] = field(default=(), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        seen: set[Ref] = set()
+        copies = []
+        for i, r in enumerate(self.outputs):
+            if r.kind == "in" or r in seen:
+                copies.append(i)
+            seen.add(r)
+        self._copies = tuple(copies)
 
     def run(self, tensors) -> tuple[torch.Tensor, ...]:
         device = tensors[0].device
@@ -41,7 +54,10 @@ class Launch:
                 self._direct, self._aligned = _triton.launcher(compiled, self.grid), aligned
         if self.finish is not None:
             outs = self.finish(outs)
-        return tuple(tensors[r.index] if r.kind == "in" else outs[r.index] for r in self.outputs)
+        result = [tensors[r.index] if r.kind == "in" else outs[r.index] for r in self.outputs]
+        for i in self._copies:
+            result[i] = result[i].clone()
+        return tuple(result)
 
 
 def returned(outputs: list[Ref], stored: list[tuple[Ref, Any]]) -> list[Ref]:

@@ -19,6 +19,19 @@ def _terms(expr: Expr) -> tuple[tuple[Expr, float], ...]:
     return tuple((t, float(c)) for t, c in sympy.expand(expr).as_coefficients_dict().items())
 
 
+class UnknownSizeError(ValueError):
+    """A cost term's size symbol has no value at the sizes asked for."""
+
+    def __init__(self, term: Expr, missing: set, subs: dict) -> None:
+        names = ", ".join(sorted(map(str, missing)))
+        known = ", ".join(f"{k}={v}" for k, v in sorted(subs.items(), key=lambda kv: str(kv[0]))) or "none"
+        super().__init__(
+            f"colauto cost model: size symbol(s) {names} (in the term {term}) have no value (known sizes: {known}); "
+            "a size the graph's inputs do not determine (data-dependent, or created by a graph rewrite) "
+            "cannot be costed")
+        self.missing = missing
+
+
 class Basis:
     """Index of monomials (sympy terms); `vector(expr)` gives expr's coefficients over it."""
 
@@ -44,8 +57,18 @@ class Basis:
         return mat
 
     def values(self, subs: dict[sympy.Symbol, int]) -> np.ndarray:
-        """The basis terms evaluated at concrete sizes."""
-        return np.array([float(t.xreplace(subs)) if t.free_symbols else float(t) for t in self.terms])
+        """The basis terms evaluated at concrete sizes. Every size symbol of every term needs a value: an
+        unknown one (say an unbacked, data-dependent size) raises, naming it, instead of being dropped."""
+        out = np.empty(len(self.terms))
+        for i, t in enumerate(self.terms):
+            if t.free_symbols:
+                value = t.xreplace(subs)      # (a bare symbol becomes the int itself)
+                if getattr(value, "free_symbols", None):
+                    raise UnknownSizeError(t, value.free_symbols, subs)
+                out[i] = float(value)
+            else:
+                out[i] = float(t)
+        return out
 
     def expr(self, coeffs: np.ndarray) -> Expr:
         """The polynomial with these coefficients (integers where they are integral)."""
