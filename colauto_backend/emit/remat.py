@@ -9,6 +9,9 @@ A decided forward node gets MUST_SAVE (kept) or MUST_RECOMPUTE, all under one `a
 - Triton codegen: planned as aten (every node of a candidate decided), but partitioned by the min-cut
   partitioner, which honours every tag, so that the unplanned partition recomputes cheap ops as
   Inductor's does (generated kernels fuse them as Inductor's do).
+A node the plan may not recompute (a random op, SDPA included; an op reading a module buffer) is tagged
+MUST_SAVE under every codegen, kept or not: min-cut forces a MUST_RECOMPUTE node into the backward even
+where backward reads only its saved getitems (planner.plan).
 """
 from __future__ import annotations
 
