@@ -35,7 +35,7 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
     On several ranks the distributed path plans and shards first, then compiles local graphs."""
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         resolved = cfg.resolve_codegen(config, example_inputs)
-        local = local_backend(resolved, on_analysis)
+        local = local_backend(config, on_analysis)      # resolves it the same way, and reports "(auto)"
         if dist_entry.active(resolved):
             return dist_entry.compile(gm, example_inputs, resolved, local)
         return local(gm, example_inputs)
@@ -73,9 +73,11 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
-            return analyze(joint, fw, bw, num_fwd_outputs=num_fwd_outputs, param_indices=params,
-                           device=device, optimizer=config.optimizer, sources=compat.symbol_sources(env),
-                           hints=compat.symbol_hints(env), fused=config.codegen == "inductor")
+            analysis = analyze(joint, fw, bw, num_fwd_outputs=num_fwd_outputs, param_indices=params,
+                               device=device, optimizer=config.optimizer, sources=compat.symbol_sources(env),
+                               hints=compat.symbol_hints(env), fused=config.codegen == "inductor")
+            auto = " (auto)" if unresolved.codegen == "auto" else ""
+            return dataclasses.replace(analysis, codegen=config.codegen + auto)
 
         def publish(analysis: Analysis) -> None:
             ANALYSES.append(analysis)

@@ -47,7 +47,7 @@ def summary(analysis: "Analysis", subs: dict | None = None) -> dict:
     ev = analysis.evaluate(subs)
     totals = {k: v for k, v in ev.items() if not k.startswith("_")}
     sizes = {str(analysis.names.get(s, s)): v for s, v in subs.items()}
-    return {"device": analysis.device.name, "optimizer": analysis.optimizer, "sizes": sizes,
+    return {"device": analysis.device.name, "codegen": analysis.codegen, "optimizer": analysis.optimizer, "sizes": sizes,
             "totals": totals, "layers": analysis.layers(subs, ev),
             "cost_model_s": analysis.cost_s,
             "plan": analysis.plan.to_dict() if analysis.plan is not None else None}
@@ -56,7 +56,8 @@ def summary(analysis: "Analysis", subs: dict | None = None) -> dict:
 def render(data: dict) -> str:
     t = data["totals"]
     w = max([40] + [len(r["module"]) for r in data["layers"]])    # module paths are printed whole
-    lines = [f"colauto cost model  (device preset {data['device']}, optimizer {data['optimizer']}, "
+    lines = [f"colauto cost model  (codegen {data.get('codegen') or '?'}, device preset {data['device']}, "
+             f"optimizer {data['optimizer']}, "
              f"sizes {data['sizes'] or 'static'}, built in {data['cost_model_s'] * 1e3:.0f} ms)",
              f"{'module':<{w}} {'FLOPs':>12} {'activations':>12} {'est. time':>11}"]
     for r in data["layers"]:

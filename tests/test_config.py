@@ -89,3 +89,24 @@ def test_bad_env_fails_compilation_loudly(monkeypatch):
     with pytest.raises(colauto_backend.ConfigError) as err:     # itself, not wrapped by Dynamo
         torch.compile(model, backend="colauto")(*make(2, 8))
     assert str(err.value).startswith("COLAUTO_CODEGEN='fast' is not valid") and "\n" not in str(err.value)
+
+
+def test_codegen_auto_is_chosen_by_the_inputs_device(capsys):
+    """No codegen set: Inductor's code generation on CUDA (colauto's Triton kernels when CUDA graphs are
+    asked for), aten elsewhere; an explicit codegen is kept; the report says which ran."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from colauto_backend.config import load, resolve_codegen
+    with FakeTensorMode():
+        gpu = [torch.empty(2, device="cuda")]
+    cpu = [torch.empty(2)]
+    assert load({}).codegen == "auto"
+    assert resolve_codegen(load({}), gpu).codegen == "inductor"
+    assert resolve_codegen(load({"cudagraphs": True}), gpu).codegen == "triton"
+    assert resolve_codegen(load({}), cpu).codegen == "aten"
+    assert resolve_codegen(load({"codegen": "triton"}), cpu).codegen == "triton"
+    assert resolve_codegen(load({"codegen": "aten"}), gpu).codegen == "aten"
+
+    lin = torch.nn.Linear(4, 4)
+    torch.compile(lin, backend="colauto", options={"report": "1"})(torch.randn(2, 4)).sum().backward()
+    assert "colauto cost model  (codegen aten (auto)," in capsys.readouterr().out
