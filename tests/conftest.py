@@ -13,6 +13,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))                  
 
 import colauto_backend  # noqa: E402  (after TRITON_INTERPRET)
 
+if os.environ.get("PYTEST_XDIST_WORKER") and not torch.cuda.is_available():
+    # `-n N` (pytest-xdist) runs N processes, one a core: each keeps to one intra-op thread
+    torch.set_num_threads(1)
+
 # Without `pip install -e .` (a bare GPU host) the torch_dynamo_backends entry point is missing: register
 # the same function by hand so backend="colauto" resolves. Where installed (CI), the entry point is used.
 if "colauto" not in torch._dynamo.list_backends(exclude_tags=()):
