@@ -22,9 +22,11 @@ def rows_of(folder: Path) -> list[dict]:
     for path in sorted(folder.glob("*/results.json")) + sorted(folder.glob("results.json")):
         data = json.loads(path.read_text())
         env, rows = data["environment"], data["rows"]
-        base = {r["model"]: r for r in rows if r["mode"] == "inductor" and not r["error"]}
-        for r in rows:
-            b = base.get(r["model"])
+        inductor = [r for r in rows if r["mode"] == "inductor" and not r["error"]]
+        for i, r in enumerate(rows):
+            # the Inductor row of the same model run last before this one (a repeat has its own), else any
+            before = [b for b in inductor if b["model"] == r["model"] and rows.index(b) < i]
+            b = before[-1] if before else next((b for b in inductor if b["model"] == r["model"]), None)
             out.append(dict(
                 launch=str(path.parent.relative_to(folder)) or ".", model=r["model"].removeprefix("hf/"),
                 params=r.get("params"), batch=r["batch"], seq=r["seq"], mode=r["mode"], codegen=r.get("codegen"),
