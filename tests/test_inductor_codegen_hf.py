@@ -8,25 +8,15 @@ import textwrap
 import torch
 
 from examples.hf_zoo import build_hf
+from test_hf_models import assert_same
+from test_hf_models import step as _step
 
 OPTIONS = {"codegen": "inductor"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _step(model, fn, kw):
-    loss = fn(**kw).loss
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
-
-
 def _assert_equal_eager(got, ref):
-    (loss, grads), (loss_ref, grads_ref) = got, ref
-    torch.testing.assert_close(loss, loss_ref, atol=1e-4, rtol=1e-4)
-    assert grads.keys() == grads_ref.keys()
-    for k in grads:
-        torch.testing.assert_close(grads[k], grads_ref[k], atol=1e-4, rtol=1e-3, msg=k)
+    assert_same(got, ref, atol=1e-4)
 
 
 def test_gpt2_with_dropout_under_inductor_codegen_equals_eager():

@@ -13,16 +13,13 @@ from colauto_backend import fusion, fusion_prep  # noqa: E402
 from colauto_backend.backend import ANALYSES  # noqa: E402
 from colauto_backend.cost.poly import Basis, UnknownSizeError  # noqa: E402
 from examples.hf_zoo import build_hf  # noqa: E402
+from test_hf_models import assert_same, step  # noqa: E402
 
 ATOL = 1e-4
 
 
 def _step(model, kw, fn):
-    loss = fn(**kw).loss
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
+    return step(model, fn, kw)
 
 
 def _models(name, batch, seq):
@@ -34,12 +31,7 @@ def _models(name, batch, seq):
 
 
 def _assert_matches(model, ref, kw, compiled):
-    ref_loss, ref_grads = _step(ref, kw, ref)
-    loss, grads = _step(model, kw, compiled)
-    torch.testing.assert_close(loss, ref_loss, atol=ATOL, rtol=1e-4)
-    assert grads.keys() == ref_grads.keys() and grads
-    for key in grads:
-        torch.testing.assert_close(grads[key], ref_grads[key], atol=ATOL, rtol=1e-3, msg=key)
+    assert_same(_step(model, kw, compiled), _step(ref, kw, ref), ATOL)
     for (key, buf), (_, ref_buf) in zip(model.named_buffers(), ref.named_buffers()):
         torch.testing.assert_close(buf, ref_buf, msg=key)     # BatchNorm running statistics
 
@@ -63,17 +55,24 @@ def _budget(model, kw, fraction, monkeypatch):
     return int(persistent + fraction * (ev["peak_memory_bytes"] - persistent))
 
 
+def _planned_step(name, fraction, monkeypatch) -> list:
+    """One training step of `name` under codegen=triton and a budget leaving `fraction` of its activations,
+    checked against eager; the analyses of the graphs the plan recomputes in (at least one)."""
+    model, ref, kw = _models(name, 2, 32)
+    budget = _budget(model, kw, fraction, monkeypatch)
+    compiled = torch.compile(model, backend="colauto", options={"codegen": "triton", "memory_budget": budget})
+    _assert_matches(model, ref, kw, compiled)
+    planned = [a for a in ANALYSES if a.recomputed]
+    assert planned, "the budget recomputed nothing: the test would not exercise a plan"
+    return planned
+
+
 def test_budget_on_sdpa_rope_model_matches_eager(monkeypatch):
     """A planned step of an SDPA model: the DP never recomputes SDPA (a random op: it takes a dropout
     seed), but it was tagged MUST_RECOMPUTE; the min-cut partitioner then recomputed it with its RNG state
     functionalized, whose size is a new unbacked symbol, and costing the plan failed ('Cannot convert
     expression to float')."""
-    model, ref, kw = _models("llama", 2, 32)
-    budget = _budget(model, kw, 0.8, monkeypatch)
-    compiled = torch.compile(model, backend="colauto", options={"codegen": "triton", "memory_budget": budget})
-    _assert_matches(model, ref, kw, compiled)
-    planned = [a for a in ANALYSES if a.recomputed]
-    assert planned, "the budget recomputed nothing: the test would not exercise a plan"
+    planned = _planned_step("llama", 0.8, monkeypatch)
     sdpa = {n.name for a in planned for n in a.joint.graph.nodes if "scaled_dot_product" in str(n.target)}
     assert sdpa and not sdpa & set().union(*(a.recomputed for a in planned))
 
@@ -81,13 +80,7 @@ def test_budget_on_sdpa_rope_model_matches_eager(monkeypatch):
 def test_budget_on_batchnorm_model_never_recomputes_buffer_readers(monkeypatch):
     """BatchNorm reads running statistics the step updates in place after forward: recomputing it in
     backward failed autograd's version check. The plan recomputes other ops, never the norm."""
-    model, ref, kw = _models("resnet", 2, 32)
-    budget = _budget(model, kw, 0.9, monkeypatch)
-    compiled = torch.compile(model, backend="colauto", options={"codegen": "triton", "memory_budget": budget})
-    _assert_matches(model, ref, kw, compiled)
-    planned = [a for a in ANALYSES if a.recomputed]
-    assert planned, "the budget recomputed nothing: the test would not exercise a plan"
-    for a in planned:
+    for a in _planned_step("resnet", 0.9, monkeypatch):
         norms = {n.name for n in a.joint.graph.nodes if "batch_norm" in str(n.target)}
         assert norms and not norms & a.recomputed
 
