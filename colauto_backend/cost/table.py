@@ -6,8 +6,9 @@ cached per (op, argument signature), so the 2nd..Nth copy of a repeated layer co
 """
 from __future__ import annotations
 
+from .. import _torch_compat as compat
+
 import dataclasses
-import re
 from typing import Any
 
 import numpy as np
@@ -105,19 +106,12 @@ def _node_cost(n: fx.Node) -> tuple[str, Expr, Expr, Expr]:
     return hit
 
 
-_PATH_HEAD = re.compile(r"^L\['[^']*'\]\.?")
 
 
 def module_path(n: fx.Node) -> str:
     """'transformer.h.3.attn' from Dynamo's nn_module_stack (forward) or fwd_nn_module_stack (backward)."""
     stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack")
-    if not stack:
-        return ""
-    path = list(stack.values())[-1][0]
-    path = _PATH_HEAD.sub("", path)
-    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
-    path = re.sub(r"\[(\d+)\]", r".\1", path)
-    return re.sub(r"\['([^']*)'\]", r".\1", path).lstrip(".")
+    return compat.stack_path(list(stack.values())[-1][0]) if stack else ""
 
 
 def build(graph: fx.Graph, basis: Basis) -> CostTable:
