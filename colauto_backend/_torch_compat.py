@@ -285,11 +285,9 @@ def source_name(placeholder: torch.fx.Node) -> str | None:
     """Dynamo's source of a graph input ("L['self']._modules['fc']._parameters['weight']", "L['x']"), with
     the compiled module written L['self'] whatever the frame calls it ("L['args'][0]._modules['fc']..."
     from a `def wrapper(*args, **kwargs)`, "L['s']..." from `def forward(s, x)`)."""
-    arg = placeholder.meta.get("grapharg")
-    if arg is None:
+    name = raw_source_name(placeholder)
+    if name is None:
         return None
-    name = arg.source.name
-    name = name() if callable(name) else name          # a method in 2.11, a property in 2.13
     try:
         frame = compiled_frame_locals()
     except Exception:  # noqa: BLE001 - not inside a compile: judge by the name alone
@@ -376,3 +374,34 @@ def mark_running_backward(device_index: int) -> None:
     manager = torch._inductor.cudagraph_trees.get_manager(device_index, create_if_none_exists=False)
     if manager is not None:
         manager.set_to_running_backward()
+
+
+# -- collectives in captured graphs (parallel/) ----------------------------------------------------
+def process_group_name(group) -> str:
+    """The name functional collectives address a process group by."""
+    return group.group_name
+
+
+def all_reduce_op():
+    """Functional all-reduce (input, "sum", group name) -> a tensor to wait for."""
+    return torch.ops._c10d_functional.all_reduce.default
+
+
+def wait_tensor_op():
+    return torch.ops._c10d_functional.wait_tensor.default
+
+
+def fake_like(val: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor like `val`, in `val`'s fake mode (the `val` meta of a node inserted in a traced graph)."""
+    from torch._guards import detect_fake_mode
+    with detect_fake_mode([val]):
+        return torch.empty_like(val)
+
+
+def raw_source_name(placeholder: torch.fx.Node) -> str | None:
+    """Dynamo's source of a graph input as Dynamo writes it ("L['self']._modules['fc']._buffers['b']")."""
+    arg = placeholder.meta.get("grapharg")
+    if arg is None:
+        return None
+    name = arg.source.name
+    return name() if callable(name) else name          # a method in 2.11, a property in 2.13

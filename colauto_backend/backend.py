@@ -19,6 +19,8 @@ from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost.device import resolve
 from .dist import entry as dist_entry
+from .dist import mesh as dist_mesh
+from .parallel import data
 
 # The latest analyses the backend made, newest last (for tests and debugging; bounded: each holds a graph).
 ANALYSES: collections.deque[Analysis] = collections.deque(maxlen=16)
@@ -35,11 +37,23 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
     On several ranks the distributed path plans and shards first, then compiles local graphs."""
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         resolved = cfg.resolve_codegen(config, example_inputs)
+        if dist_entry.active(resolved) and data_parallel_only(resolved):
+            dist_mesh.candidates(resolved.mesh, dist_mesh.world_size())   # a mesh that cannot fit: say so
+            dist_mesh.ensure_process_group()
+            dp = data.DataParallel.world_group()
+            data.prepare(gm, example_inputs, dp)
+            return local_backend(config, on_analysis, dp=dp)(gm, example_inputs)
         local = local_backend(config, on_analysis)      # resolves it the same way, and reports "(auto)"
         if dist_entry.active(resolved):
             return dist_entry.compile(gm, example_inputs, resolved, local)
         return local(gm, example_inputs)
     return backend
+
+
+def data_parallel_only(config: cfg.Config) -> bool:
+    """COLAUTO_MESH names data-parallel axes only: the captured graph runs as it is on every rank, its
+    gradients averaged in the graph (parallel/data.py)."""
+    return config.mesh is not None and all(role == "dp" for role, _ in config.mesh)
 
 
 class _Stop(Exception):
@@ -63,8 +77,10 @@ def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: l
     return got[0]
 
 
-def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None) -> Callable:
-    """The single-device backend: AOTAutograd with colauto's partitioner and code generation."""
+def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None,
+                  dp: data.DataParallel | None = None) -> Callable:
+    """The single-device backend: AOTAutograd with colauto's partitioner and code generation; with `dp`,
+    each rank's graph averages its gradients (and losses) over the data-parallel ranks."""
     unresolved = config
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -87,6 +103,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 
         def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **kw):
             params = static_lifetime_input_indices or []
+            if dp is not None:
+                data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=dp)
             fused = config.codegen == "inductor"
             if fused:
                 joint = compat.inductor_joint_passes(joint)
@@ -116,6 +134,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         params = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
 
         def inference(gm_inf, inputs):  # no_grad: AOT keeps Dynamo's input order, so params are known
+            if dp is not None:
+                data.average_scalar_outputs(gm_inf, dp)
             publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 

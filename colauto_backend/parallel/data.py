@@ -1,0 +1,118 @@
+"""Data parallelism on the captured graph: DDP's semantics with the reductions in the compiled graph.
+
+Each rank runs the graph Dynamo captured on its own micro-batch, with the user's Parameter objects as
+they are (nothing is swapped, wrapped or sharded, so optimizers, `state_dict()` and checkpoints see
+plain tensors). Two rewrites of the joint forward+backward graph, before planning and partitioning:
+
+- each parameter gradient the graph returns becomes the mean over the ranks (a functional all-reduce,
+  issued where the gradient is produced, waited for where it leaves the graph), as DDP averages them;
+- each 0-dim floating output (a loss) becomes the mean over the ranks in the forward, its gradient
+  untouched: with equal micro-batches a mean loss is the global batch's, as one process would print it,
+  and the gradients are the global batch's too (each rank's is its own part; the all-reduce averages).
+
+A parameter used by several graphs (a graph break) gets each graph's part reduced by that graph, which
+sums to the whole gradient's mean. At the first compile each parameter and buffer a graph reads is
+broadcast from rank 0, as DDP does at construction.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import weakref
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+
+from .. import _torch_compat as compat
+
+aten = torch.ops.aten
+_BROADCAST: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()   # tensors already made equal on every rank
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallel:
+    """The data-parallel group a graph's gradients are averaged over."""
+    world: int
+    group_name: str
+
+    @classmethod
+    def world_group(cls) -> "DataParallel":
+        return cls(dist.get_world_size(), compat.process_group_name(dist.group.WORLD))
+
+
+def prepare(gm: fx.GraphModule, example_inputs: list, dp: DataParallel) -> None:
+    """Before a graph is compiled: every rank must compile the same graph (else the collectives would
+    pair up wrongly and hang), and its parameters and buffers start as rank 0's."""
+    digest = hashlib.sha1(gm.code.encode()).hexdigest()[:16]
+    shapes = tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor))
+    mine = (digest, hashlib.sha1(repr(shapes).encode()).hexdigest()[:16])
+    every = [None] * dp.world
+    dist.all_gather_object(every, mine)
+    if len(set(every)) > 1:
+        groups = {d: [r for r, x in enumerate(every) if x == d] for d in set(every)}
+        raise RuntimeError(f"colauto: the ranks captured different graphs ((code, input shapes) digest -> ranks: "
+                           f"{groups}); give every rank the same model, input shapes and COLAUTO_* settings")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    with torch.no_grad():
+        for node, t in zip(placeholders, example_inputs):
+            if isinstance(t, torch.Tensor) and _is_state(node, t) and t not in _BROADCAST:
+                dist.broadcast(t.data, src=0)
+                _BROADCAST.add(t)
+
+
+def _is_state(node: fx.Node, t: torch.Tensor) -> bool:
+    """A parameter, or a module buffer (by Dynamo's source of the input)."""
+    return isinstance(t, torch.nn.Parameter) or "._buffers[" in (compat.raw_source_name(node) or "")
+
+
+def reduce_gradients(joint: fx.GraphModule, *, num_fwd_outputs: int, param_indices: list[int],
+                     dp: DataParallel) -> int:
+    """Rewrite the joint graph in place (see the module docstring); the number of gradients reduced."""
+    graph = joint.graph
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    outs = list(output.args[0])
+    done = 0
+    for i in param_indices:
+        j = num_fwd_outputs + i
+        if j < len(outs) and isinstance(outs[j], fx.Node):
+            outs[j] = _mean_over_ranks(graph, outs[j], dp, wait_at_end=True)
+            done += 1
+    for j in range(num_fwd_outputs):
+        if _is_scalar_float(outs[j]):   # in the forward: the partitioner splits the graph where it ends
+            outs[j] = _mean_over_ranks(graph, outs[j], dp, wait_at_end=False)
+    output.args = (tuple(outs) if isinstance(output.args[0], tuple) else outs,)
+    joint.recompile()
+    return done
+
+
+def average_scalar_outputs(gm: fx.GraphModule, dp: DataParallel) -> None:
+    """An inference graph's 0-dim floating outputs (an evaluation loss) as the mean over the ranks."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = list(output.args[0])
+    for j, node in enumerate(outs):
+        if _is_scalar_float(node):
+            outs[j] = _mean_over_ranks(gm.graph, node, dp, wait_at_end=False)
+    output.args = (tuple(outs) if isinstance(output.args[0], tuple) else outs,)
+    gm.recompile()
+
+
+def _is_scalar_float(node) -> bool:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype.is_floating_point
+
+
+def _mean_over_ranks(graph: fx.Graph, node: fx.Node, dp: DataParallel, *, wait_at_end: bool) -> fx.Node:
+    """all_reduce(node, sum) / world, the collective issued right after `node` exists; with `wait_at_end`
+    waited for at the end of the graph, so it runs while the rest of the graph computes (as DDP's buckets
+    do), else at once."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    with graph.inserting_after(node):
+        start = graph.call_function(compat.all_reduce_op(), (node, "sum", dp.group_name))
+    with graph.inserting_before(output if wait_at_end else start.next):
+        done = graph.call_function(compat.wait_tensor_op(), (start,))
+        mean = graph.call_function(aten.div.Tensor, (done, dp.world))
+    for new in (start, done, mean):
+        new.meta.update({k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")})
+        new.meta["val"] = compat.fake_like(node.meta["val"])
+    return mean
