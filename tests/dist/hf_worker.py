@@ -1,8 +1,10 @@
 """Run under torchrun: a few AdamW steps of a tiny HuggingFace model (examples/hf_zoo.py) with colauto on
 every rank, each rank feeding its own micro-batch, against eager single-process training on the global
 batch (computed on every rank). Each run is NAME@MESH (MESH as COLAUTO_MESH, "auto" for the planner's
-choice); options after it: +late (the optimizer is created after the first call). Writes rank<r>.json with
-per run the losses, the reference losses, and the error if it failed.
+choice); options after it: +late (the optimizer is created after the first call), +inductor (codegen
+inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +ckpt
+(a torch.distributed.checkpoint round trip after training). Writes rank<r>.json with per run the losses,
+the reference losses, a checksum of the trained parameters, and the error if it failed.
 
     torchrun --nproc-per-node 2 tests/dist/hf_worker.py --out /tmp/r llama@dp=2 t5@fsdp=2
 """
@@ -52,7 +54,8 @@ def run(spec: str, args) -> dict:
     seq = 32 if hf_zoo.SPECS[name].kind == "image" else args.seq     # the tiny configs' image side
     full = batch(args.batch * world, seq)
     local = {k: v.chunk(world)[rank] for k, v in full.items()}
-    compiled = torch.compile(model, backend="colauto", options={"mesh": mesh})
+    options = {"mesh": mesh, "codegen": "inductor" if "inductor" in flags else "aten"}
+    compiled = torch.compile(Renamed(model) if "renamed" in flags else model, backend="colauto", options=options)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = None if "late" in flags else torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, ref_losses = [], []
@@ -69,7 +72,38 @@ def run(spec: str, args) -> dict:
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
         ref_losses.append(r.item())
-    return {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "error": None}
+    out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "error": None,
+           "param_sum": sum(p.double().sum().item() for p in model.parameters()),
+           "max_param_diff": max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))}
+    if "ckpt" in flags:
+        out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
+    return out
+
+
+class Renamed(torch.nn.Module):
+    """A wrapper whose forward names its first argument `s`, not `self`."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(s, **batch):  # noqa: N805 - the point of the test
+        return s.inner(**batch)
+
+
+def checkpoint_round_trip(model, path: str) -> float:
+    """Save the state dict with torch.distributed.checkpoint, overwrite every value, load it back: the
+    largest difference from the saved values."""
+    import torch.distributed.checkpoint as dcp
+    state = model.state_dict()
+    before = {k: v.clone() for k, v in state.items()}
+    dcp.save(state, checkpoint_id=path)
+    with torch.no_grad():
+        for v in state.values():
+            v.fill_(123)
+    dcp.load(state, checkpoint_id=path)
+    after = model.state_dict()
+    return max((after[k].double() - before[k].double()).abs().max().item() for k in before)
 
 
 if __name__ == "__main__":
