@@ -405,3 +405,15 @@ def raw_source_name(placeholder: torch.fx.Node) -> str | None:
         return None
     name = arg.source.name
     return name() if callable(name) else name          # a method in 2.11, a property in 2.13
+
+
+def state_fqn(placeholder: torch.fx.Node) -> str | None:
+    """The dotted name under the compiled module of a parameter or buffer input ("model.layers.0.mlp.weight"),
+    from Dynamo's source alone; None for any other input."""
+    name = raw_source_name(placeholder)
+    if name is None:
+        return None
+    m = _ROOT.match(name)
+    if m is None or not _STATE.match(name[m.end():]):
+        return None
+    return _dotted(name[m.end():])

@@ -19,7 +19,6 @@ from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost.device import resolve
 from .dist import entry as dist_entry
-from .dist import mesh as dist_mesh
 from .parallel import data
 
 # The latest analyses the backend made, newest last (for tests and debugging; bounded: each holds a graph).
@@ -37,23 +36,13 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
     On several ranks the distributed path plans and shards first, then compiles local graphs."""
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         resolved = cfg.resolve_codegen(config, example_inputs)
-        if dist_entry.active(resolved) and data_parallel_only(resolved):
-            dist_mesh.candidates(resolved.mesh, dist_mesh.world_size())   # a mesh that cannot fit: say so
-            dist_mesh.ensure_process_group()
-            dp = data.DataParallel.world_group()
-            data.prepare(gm, example_inputs, dp)
-            return local_backend(config, on_analysis, dp=dp)(gm, example_inputs)
-        local = local_backend(config, on_analysis)      # resolves it the same way, and reports "(auto)"
         if dist_entry.active(resolved):
-            return dist_entry.compile(gm, example_inputs, resolved, local)
-        return local(gm, example_inputs)
+            def make_local(dp=None, memory_budget=None):
+                planned = config if memory_budget is None else dataclasses.replace(config, memory_budget=memory_budget)
+                return local_backend(planned, on_analysis, dp=dp)
+            return dist_entry.compile(gm, example_inputs, resolved, make_local)
+        return local_backend(config, on_analysis)(gm, example_inputs)   # resolves codegen, reports "(auto)"
     return backend
-
-
-def data_parallel_only(config: cfg.Config) -> bool:
-    """COLAUTO_MESH names data-parallel axes only: the captured graph runs as it is on every rank, its
-    gradients averaged in the graph (parallel/data.py)."""
-    return config.mesh is not None and all(role == "dp" for role, _ in config.mesh)
 
 
 class _Stop(Exception):

@@ -14,6 +14,7 @@ from torch.distributed.tensor import DTensor
 from .. import _torch_compat as compat
 from .. import planner, report
 from ..config import Config
+from ..parallel import data
 from . import _dtensor_rules, choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
@@ -22,6 +23,7 @@ from .plan import ParallelPlan
 # with 3 GiB reserved but unallocated, so a whole-device default would leave too little slack.
 DEFAULT_BUDGET_FRACTION = 0.9
 SHARDED: list[emit.Sharded] = []          # the modules sharded in this process (for tests and reports)
+PLANS: list[ParallelPlan] = []            # the plan of each graph compiled on several ranks, newest last
 _COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, grad mode, inputs) -> its compiled callable
 
 
@@ -38,49 +40,100 @@ def active(config: Config) -> bool:
     return mesh.world_size() > 1 or (config.mesh is not None and math.prod(s for _, s in config.mesh) > 1)
 
 
-def compile(gm: fx.GraphModule, example_inputs: list, config: Config, compile_local: Callable) -> Callable:
+def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local: Callable) -> Callable:
+    """`make_local()` is the single-device backend; `make_local(dp)` the same averaging gradients over `dp`."""
     if any(isinstance(t, DTensor) for t in example_inputs):      # the re-trace of a sharded module
         key = (gm.code, torch.is_grad_enabled(), tuple(_signature(t) for t in example_inputs))
         if key not in _COMPILED:    # the first call compiled it; the user's recompile traces the same graph
-            _COMPILED[key] = compile_local(gm, example_inputs)
+            _COMPILED[key] = make_local()(gm, example_inputs)
         return _COMPILED[key]
-    if not any(isinstance(t, torch.nn.Parameter) for t in example_inputs):
-        return compile_local(gm, example_inputs)                  # no model state: nothing to place
     candidates = mesh.candidates(config.mesh, mesh.world_size())  # a COLAUTO_MESH that cannot fit: say so first
-    frame = compat.compiled_frame_locals()
-    root, names = _root_module(gm, example_inputs, frame)
     mesh.ensure_process_group()
-    plan = plan_graph(gm, example_inputs, names, dict(root.named_parameters()), config, candidates)
+    if not any(isinstance(t, torch.nn.Parameter) for t in example_inputs):
+        # no model state: nothing to place. Its inputs are each rank's own (its micro-batch, or the
+        # outputs of a graph before a break), so a loss it computes is the rank's: averaged, as any
+        # graph's 0-dim floating outputs on several ranks (parallel/data.py)
+        return _data_parallel(gm, example_inputs, make_local, None)
+    names = state_names(gm)
+    params = {names[i]: t for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)}
+    if all(role == "dp" for axes in candidates for role, _ in axes):   # COLAUTO_MESH=dp=N: nothing to choose
+        plan = ParallelPlan(candidates[0], {n: ("R",) for n in params}, {n: ("R",) for n in params})
+        PLANS.append(plan)
+        return _data_parallel(gm, example_inputs, make_local, None)
+    plan = plan_graph(gm, example_inputs, names, params, config, candidates,
+                      prefer_data_parallel=config.mesh is None)
     check_same_plan(plan)
+    PLANS.append(plan)
     report.emit_parallel(plan.to_json(), config.report)
+    if plan.data_parallel_only:
+        return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
+    frame = compat.compiled_frame_locals()
+    root, _ = _root_module(gm, example_inputs, frame)
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
     from ..backend import make_backend   # local import: the backend imports this module
-    # each rank's graphs are compiled (and rematerialized) under the budget the plan was made for
-    backend = make_backend(dataclasses.replace(config, memory_budget=(
-        "none", 0.0) if plan.predicted["budget_bytes"] is None else ("bytes", float(plan.predicted["budget_bytes"]))))
+    backend = make_backend(dataclasses.replace(config, memory_budget=_planned_budget(plan)))
     return sharded.first_call(emit.FirstCall(root, frame, example_inputs),
                               lambda module: torch.compile(module, backend=backend))
 
 
+def _data_parallel(gm: fx.GraphModule, example_inputs: list, make_local: Callable, memory_budget) -> Callable:
+    """The captured graph as it is on every rank, its gradients averaged in the graph (parallel/data.py),
+    compiled under `memory_budget` (a Config.memory_budget; None: COLAUTO_MEMORY_BUDGET's)."""
+    dp = data.DataParallel.world_group()
+    data.prepare(gm, example_inputs, dp)
+    return make_local(dp, memory_budget)(gm, example_inputs)
+
+
+def _planned_budget(plan: ParallelPlan) -> tuple[str, float]:
+    """Each rank's graphs are compiled (and rematerialized) under the budget the plan was made for."""
+    b = plan.predicted["budget_bytes"]
+    return ("none", 0.0) if b is None else ("bytes", float(b))
+
+
+def state_names(gm: fx.GraphModule) -> dict[int, str]:
+    """Graph input position -> the parameter or buffer's name under the compiled module (from Dynamo's
+    sources: whatever the module's forward calls itself, and in any graph of a graph break)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {i: name for i, n in enumerate(placeholders) if (name := compat.state_fqn(n)) is not None}
+
+
 def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], params: dict,
-               config: Config, candidates: list) -> ParallelPlan:
-    """The plan for one captured graph among `candidates` meshes (no process group needed)."""
+               config: Config, candidates: list, prefer_data_parallel: bool = False) -> ParallelPlan:
+    """The plan for one captured graph among `candidates` meshes (no process group needed).
+
+    With `prefer_data_parallel` (the automatic plan), data parallelism is taken wherever it fits the
+    budget (with rematerialization if need be), and sharded meshes are weighed only where it does not:
+    it runs the captured graph as it is, while sharded plans still re-trace the model under DTensor
+    (colauto_backend/dist/emit.py), which fails on many models as transformers ships them."""
     from ..backend import analyze_only   # local import: the backend imports this module
     with torch.enable_grad():    # plan for training, even when the first call is an evaluation
         analysis = analyze_only(config, gm, example_inputs)
     _register_rules()
     missing = _dtensor_rules.uncovered(analysis.joint)
-    if missing:   # DTensor would fail deep inside the sharded trace: say which op, before anything runs
-        raise NotImplementedError(
-            f"colauto: DTensor has no sharding rule for {', '.join(missing)}, which this model's training step "
-            "runs: register one with torch.distributed.tensor.experimental.register_sharding, or run on one device")
+    if missing:
+        # sharded meshes re-trace the model under DTensor, which would fail on these ops; data parallelism
+        # runs the captured graph as it is and needs no rule
+        data_parallel = [axes for axes in candidates if all(role == "dp" for role, _ in axes)]
+        if not data_parallel:
+            raise NotImplementedError(
+                f"colauto: DTensor has no sharding rule for {', '.join(missing)}, which this model's training step "
+                "runs, so COLAUTO_MESH's sharded axes cannot run it yet: use data parallelism (COLAUTO_MESH=dp=N "
+                "or unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
+        candidates = data_parallel
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
     if config.memory_budget is None:   # unset: leave room for NCCL's buffers and allocator fragmentation
         budget = int(budget * DEFAULT_BUDGET_FRACTION)
-    return choose.choose(candidates, params,
-                         lambda size: strategy.tp_layout(gm, names, size), analysis, link, budget)
+    def pick(meshes: list) -> ParallelPlan:
+        return choose.choose(meshes, params, lambda size: strategy.tp_layout(gm, names, size), analysis, link, budget)
+    data_parallel = [axes for axes in candidates if all(role == "dp" for role, _ in axes)]
+    if prefer_data_parallel and data_parallel and len(data_parallel) < len(candidates):
+        try:
+            return pick(data_parallel)
+        except planner.BudgetError:
+            pass        # data parallelism does not fit: weigh the sharded meshes too
+    return pick(candidates)
 
 
 class _Planned(Exception):
@@ -93,9 +146,9 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
     plans: list[ParallelPlan] = []
 
     def backend(gm, inputs):
-        root, names = _root_module(gm, inputs, compat.compiled_frame_locals())
-        plans.append(plan_graph(gm, inputs, names, dict(root.named_parameters()), config,
-                                mesh.candidates(config.mesh, world)))
+        names = state_names(gm)
+        params = {names[i]: t for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter)}
+        plans.append(plan_graph(gm, inputs, names, params, config, mesh.candidates(config.mesh, world)))
         raise _Planned()
     try:
         torch.compile(model, backend=backend, fullgraph=True)(*example_inputs)

@@ -29,6 +29,13 @@ class ParallelPlan:
     predicted: dict = dataclasses.field(default_factory=dict, compare=False)   # step time, memory, comm
 
     @property
+    def data_parallel_only(self) -> bool:
+        """Every parameter replicated everywhere and no tensor parallelism: each rank runs the whole
+        graph on its micro-batch, whatever the axes are called (an fsdp axis that shards nothing is dp)."""
+        return (not self.tp_modules and not self.layer_places
+                and all(p == "R" for spec in self.storage.values() for p in spec))
+
+    @property
     def mesh_str(self) -> str:
         return ",".join(f"{r}={s}" for r, s in self.axes)
 
@@ -46,7 +53,7 @@ class ParallelPlan:
         return shard_shape(self.axes, (self.compute if compute else self.storage)[fqn], shape, coord)
 
     def to_json(self) -> dict:
-        return {"mesh": self.mesh_str, "digest": self.digest(), "storage": self.storage,
+        return {"mesh": self.mesh_str, "digest": self.digest(), "data_parallel_only": self.data_parallel_only, "storage": self.storage,
                 "compute": self.compute, "tp_modules": self.tp_modules, "layer_places": self.layer_places,
                 "predicted": self.predicted}
 

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import weakref
-
 import torch
 import torch.distributed as dist
 import torch.fx as fx
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import _torch_compat as compat
 
 aten = torch.ops.aten
-_BROADCAST: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()   # tensors already made equal on every rank
+_BROADCAST = WeakIdKeyDictionary()     # tensor -> True once it was made equal on every rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +57,7 @@ def prepare(gm: fx.GraphModule, example_inputs: list, dp: DataParallel) -> None:
         for node, t in zip(placeholders, example_inputs):
             if isinstance(t, torch.Tensor) and _is_state(node, t) and t not in _BROADCAST:
                 dist.broadcast(t.data, src=0)
-                _BROADCAST.add(t)
+                _BROADCAST[t] = True
 
 
 def _is_state(node: fx.Node, t: torch.Tensor) -> bool:

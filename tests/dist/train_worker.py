@@ -94,23 +94,33 @@ def run(spec: str, args) -> dict:
         eval_loss, ref_eval_loss = compiled(xs, ys).item(), ref(x, y).item()
         logits_diff = (compiled(xs) - ref(x).chunk(world)[rank]).abs().max().item()
 
-    from colauto_backend.dist.entry import SHARDED
-    sharded = SHARDED[-1]
-    coord = tuple(sharded.mesh.get_coordinate())
-    out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": sharded.plan.to_json(),
-           "replicated_layers": sharded.plan.predicted.get("replicated_layers", []),
+    from colauto_backend.dist.entry import PLANS, SHARDED
+    plan = PLANS[-1]
+    # a sharded plan shards the module (dist/emit.py); data parallelism leaves the parameters as they are
+    sharded = SHARDED[-1] if SHARDED and SHARDED[-1].plan is plan else None
+    coord = tuple(sharded.mesh.get_coordinate()) if sharded else (rank,)
+    out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": plan.to_json(),
+           "replicated_layers": plan.predicted.get("replicated_layers", []),
            "grad_norms": norms, "no_grad_loss_diffs": [abs(first - ref_first), abs(eval_loss - ref_eval_loss)], "logits_diff": logits_diff,
-           "coord": coord, "grad_fallbacks": sharded.grad_fallbacks,
-           "local_shapes": {n: list(p.to_local().shape) for n, p in model.named_parameters()},
-           "planned_shapes": {n: list(sharded.plan.local_shape(n, tuple(p.shape), coord))
+           "coord": coord, "grad_fallbacks": sharded.grad_fallbacks if sharded else 0,
+           "local_shapes": {n: list(_local(p).shape) for n, p in model.named_parameters()},
+           "planned_shapes": {n: list(plan.local_shape(n, tuple(p.shape), coord))
                               for n, p in model.named_parameters()},
            "full_shapes": {n: list(p.shape) for n, p in ref.named_parameters()},
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
-           "max_param_diff": max((p.full_tensor() - q).abs().max().item()
+           "max_param_diff": max((_full(p) - q).abs().max().item()
                                  for p, q in zip(model.parameters(), ref.parameters()))}
     if args.checkpoint:
-        out["checkpoint"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{len(SHARDED)}"))
+        out["checkpoint"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{len(PLANS)}"))
     return out
+
+
+def _local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def checkpoint_round_trip(model, path: str) -> dict:
@@ -118,14 +128,14 @@ def checkpoint_round_trip(model, path: str) -> dict:
     import torch.distributed.checkpoint as dcp
     state = model.state_dict()
     kinds = sorted({type(v).__name__ for v in state.values()})
-    before = {k: v.full_tensor().clone() for k, v in state.items()}
+    before = {k: _full(v).clone() for k, v in state.items()}
     dcp.save(state, checkpoint_id=path)
     with torch.no_grad():
         for v in state.values():
-            v.to_local().fill_(123.0)
+            _local(v).fill_(123.0)
     dcp.load(state, checkpoint_id=path)
     after = model.state_dict()
-    diff = max((after[k].full_tensor() - before[k]).abs().max().item() for k in before)
+    diff = max((_full(after[k]) - before[k]).abs().max().item() for k in before)
     return {"kinds": kinds, "max_diff": diff, "n": len(before)}
 
 
