@@ -225,7 +225,8 @@ def train(model, make_inputs, spec: dict, mode: str, args, compile_fn=None, loss
             loss = step()
         step_s, peak = (time.perf_counter() - t0) / args.steps, None
     if getattr(args, "profile", False) and args.device == "cuda":
-        profile_kernels(step, args.out_dir / f"profile-{spec['model']}-{spec['size']}-{mode}.txt")
+        name = spec["model"].replace("/", "-")      # hf/llama -> hf-llama: one file beside the results
+        profile_kernels(step, args.out_dir / f"profile-{name}-{spec['size']}-{mode}.txt")
     tokens = spec["batch"] * spec["seq"]
     return dict(step_time_s=step_s, tokens_per_s=tokens / step_s, peak_bytes=peak, warmup_s=warmup_s,
                 loss=loss.item())
