@@ -23,13 +23,19 @@ import weakref
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .plan import ParallelPlan
 
 _OWNER: WeakIdKeyDictionary = WeakIdKeyDictionary()   # DTensor parameter -> (Sharded, fqn)
+
+
+def owner(t) -> "Sharded | None":
+    """The Sharded that made `t` (a DTensor parameter), else None."""
+    got = _OWNER.get(t) if isinstance(t, DTensor) else None
+    return got[0] if got is not None else None
 
 
 def placements_of(spec: tuple[str, ...]) -> list:
@@ -45,21 +51,34 @@ class Sharded:
         self.dparam: dict[int, DTensor] = {}          # id(original tensor) -> its DTensor replacement
         self.grad_fallbacks = 0                        # gradients that arrived in another placement
         self.done = False
+        # No tensor parallelism: every layer computes on full parameters. A parameter read gives a plain
+        # tensor (gathered; its gradient each rank's part, averaged back into the shard), and the user's
+        # code runs on plain tensors only, as SimpleFSDP does: no DTensor meets its buffers, masks or
+        # positions. With tp, activations are DTensors too (sharded over tp), as before.
+        self.plain = not plan.tp_modules and not plan.layer_places
 
     def shard(self) -> None:
         """Replace the parameters (not from inside the backend: Dynamo checks its guards against the
         module right after the backend returns, so this runs at the first call)."""
         self._shard(self.root)
-        self._pin_tp_activations()
-        self._pin_layer_places()
-        self.root.register_forward_pre_hook(self._inputs_hook, with_kwargs=True)
-        self.root.register_forward_hook(self._outputs_hook)
+        if not self.plain:
+            self._pin_tp_activations()
+            self._pin_layer_places()
+            self.root.register_forward_pre_hook(self._inputs_hook, with_kwargs=True)
+            self.root.register_forward_hook(self._outputs_hook)
         self.done = True
 
     # -- parameters -------------------------------------------------------------------------------
     def _shard(self, root: nn.Module) -> None:
+        aliases: dict[int, list[str]] = {}
+        for fqn, p in root.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(fqn)
         for fqn, p in root.named_parameters():
-            spec = placements_of(self.plan.storage[fqn])
+            # a tied parameter is planned under the name the graph read it by; one the graph never
+            # read (used only after a graph break, or not at all) stays replicated
+            planned = next((a for a in aliases[id(p)] if a in self.plan.storage), None)
+            fqn = planned or fqn
+            spec = placements_of(self.plan.storage[planned] if planned else ("R",) * len(self.roles))
             full = distribute_tensor(p.detach(), self.mesh, spec)   # rank 0's values, as DDP broadcasts
             p.data = full.to_local()
             d = nn.Parameter(DTensor.from_local(p.data, self.mesh, spec, run_check=False,
@@ -69,7 +88,8 @@ class Sharded:
             self.dparam[id(p)] = d
             _OWNER[d] = (self, fqn)
         for fqn, b in root.named_buffers():
-            self.dparam[id(b)] = distribute_tensor(b, self.mesh, [Replicate()] * len(self.roles))
+            if not self.plain:    # plain code reads plain buffers
+                self.dparam[id(b)] = distribute_tensor(b, self.mesh, [Replicate()] * len(self.roles))
         for mod in root.modules():
             for table in (mod._parameters, mod._buffers):
                 for name, t in table.items():
@@ -118,8 +138,9 @@ class Sharded:
         ref = weakref.ref(original)
 
         def before_accumulate(grad):
-            o = ref()
-            if d.grad is None or o.grad is None or o.grad.data_ptr() != d.grad.to_local().data_ptr():
+            o = ref()      # None once nothing holds the original (no optimizer was built before compiling)
+            if o is not None and (d.grad is None or o.grad is None
+                                  or o.grad.data_ptr() != d.grad.to_local().data_ptr()):
                 d.grad, o.grad = None, None
             return grad
 
@@ -133,7 +154,8 @@ class Sharded:
                     warnings.warn("colauto: a gradient left the compiled graph unreduced; reducing it "
                                   "outside the graph (slower); Sharded.grad_fallbacks counts them")
                 param.grad = g = g.redistribute(self.mesh, spec)
-            ref().grad = g.to_local()
+            if (o := ref()) is not None:
+                o.grad = g.to_local()
         d.register_hook(before_accumulate)
         d.register_post_accumulate_grad_hook(after_accumulate)
 
@@ -164,7 +186,33 @@ class Sharded:
     def _outputs_hook(self, module, args, output):
         return tree_map(self.to_output, output)
 
+    def compute_placements(self, fqn: str) -> list:
+        """Where the graph uses parameter `fqn` (replicated if the plan never saw it)."""
+        return placements_of(self.plan.compute.get(fqn, ("R",) * len(self.roles)))
+
+    def gathered(self, d: DTensor) -> torch.Tensor:
+        """A plain-mode parameter read: the full tensor, whose gradient (each rank's part of the batch's)
+        is averaged over the ranks on its way back into the shard (reduce-scatter / all-reduce)."""
+        placements = self.compute_placements(_OWNER[d][1])
+        return d.redistribute(self.mesh, placements).to_local(grad_placements=[Partial("avg")] * len(placements))
+
     # -- the first call, before Dynamo has seen the DTensor parameters --------------------------------
+    def first_call_plain(self, compiled: "callable", example_inputs: list):
+        """Plain mode: shard, then run this call's captured graph (compiled for full parameters) on the
+        gathered parameters. Later calls see the sharded module: Dynamo re-traces the user's code, whose
+        parameter reads gather (`_use_compute_placements`), and nothing else changes."""
+        originals = {i: t for i, t in enumerate(example_inputs) if isinstance(t, nn.Parameter)}
+
+        @torch.compiler.disable
+        def run(*args):
+            if not self.done:
+                self.shard()
+            args = list(args)
+            for i, t in originals.items():
+                if id(t) in self.dparam:
+                    args[i] = self.gathered(self.dparam[id(t)])
+            return compiled(*args)
+        return run
     def first_call(self, call: "FirstCall", compile_module):
         """Shard, then run this one call through `compile_module(root)` (a torch.compile of the sharded
         module: the graph captured before sharding has the micro-batch's sizes baked in, and eager
@@ -232,12 +280,16 @@ def _use_compute_placements(module: nn.Module, sharded: Sharded) -> None:
     in eager code and in what Dynamo traces alike. A per-module subclass with one property per
     parameter: `_parameters` and so `state_dict()` keys are unchanged. The placements are closure
     constants, so Dynamo traces the property inline (a lookup table would break the graph)."""
-    specs = {n: placements_of(sharded.plan.compute[_OWNER[p][1]])
+    specs = {n: sharded.compute_placements(_OWNER[p][1])
              for n, p in module._parameters.items() if p is not None and p in _OWNER}
     if not specs:
         return
 
     def getter(name, mesh, placements):
+        if sharded.plain:
+            partial = [Partial("avg")] * len(placements)
+            return property(lambda self: self._parameters[name].redistribute(mesh, placements).to_local(
+                grad_placements=partial))
         return property(lambda self: self._parameters[name].redistribute(mesh, placements))
     cls = module.__class__
     module.__class__ = type(cls.__name__, (cls,), {n: getter(n, sharded.mesh, pl) for n, pl in specs.items()})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import math
 from typing import Callable
 
@@ -45,7 +46,11 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     if any(isinstance(t, DTensor) for t in example_inputs):      # the re-trace of a sharded module
         key = (gm.code, torch.is_grad_enabled(), tuple(_signature(t) for t in example_inputs))
         if key not in _COMPILED:    # the first call compiled it; the user's recompile traces the same graph
-            _COMPILED[key] = make_local()(gm, example_inputs)
+            owner = next((emit.owner(t) for t in example_inputs if emit.owner(t) is not None), None)
+            # plain mode: the graph's losses are each rank's, averaged as under data parallelism
+            plain = owner is not None and owner.plain
+            _COMPILED[key] = make_local(data.DataParallel.world_group(reduce_grads=False) if plain else None)(
+                gm, example_inputs)
         return _COMPILED[key]
     candidates = mesh.candidates(config.mesh, mesh.world_size())  # a COLAUTO_MESH that cannot fit: say so first
     mesh.ensure_process_group()
@@ -67,6 +72,12 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     report.emit_parallel(plan.to_json(), config.report)
     if plan.data_parallel_only:
         return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
+    if not plan.tp_modules and not plan.layer_places:   # plain mode (emit.Sharded.plain): no frame, no re-entry
+        sharded = emit.Sharded(owner_module(gm, example_inputs), plan, mesh.device_mesh(plan.axes))
+        SHARDED.append(sharded)
+        compiled = make_local(data.DataParallel.world_group(reduce_grads=False), _planned_budget(plan))(
+            gm, example_inputs)
+        return sharded.first_call_plain(compiled, example_inputs)
     frame = compat.compiled_frame_locals()
     root, _ = _root_module(gm, example_inputs, frame)
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
@@ -112,15 +123,15 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     _register_rules()
     missing = _dtensor_rules.uncovered(analysis.joint)
     if missing:
-        # sharded meshes re-trace the model under DTensor, which would fail on these ops; data parallelism
-        # runs the captured graph as it is and needs no rule
-        data_parallel = [axes for axes in candidates if all(role == "dp" for role, _ in axes)]
-        if not data_parallel:
+        # tensor parallelism runs the model's ops on DTensor activations, which would fail on these; dp
+        # and fsdp run them on plain tensors (only parameter reads are DTensor ops) and need no rule
+        no_tp = [axes for axes in candidates if all(role != "tp" for role, _ in axes)]
+        if not no_tp:
             raise NotImplementedError(
                 f"colauto: DTensor has no sharding rule for {', '.join(missing)}, which this model's training step "
-                "runs, so COLAUTO_MESH's sharded axes cannot run it yet: use data parallelism (COLAUTO_MESH=dp=N "
-                "or unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
-        candidates = data_parallel
+                "runs, so tensor parallelism cannot run it yet: use dp or fsdp axes (COLAUTO_MESH=fsdp=N, or "
+                "unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
+        candidates = no_tp
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
     if config.memory_budget is None:   # unset: leave room for NCCL's buffers and allocator fragmentation
@@ -162,6 +173,23 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
 @functools.cache
 def _register_rules() -> None:
     compat.register_cpu_attention_sharding()
+
+
+def owner_module(gm: fx.GraphModule, example_inputs: list) -> torch.nn.Module:
+    """The module the graph's parameters are named under (the compiled one, or the module a graph after a
+    break runs in), found among the live modules by those names: no frame is read."""
+    names = state_names(gm)
+    pairs = [(names[i], t) for i, t in enumerate(example_inputs) if i in names and isinstance(t, torch.nn.Parameter)]
+    first_name, first = pairs[0]
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.nn.Module):    # type(): isinstance would follow dead weak proxies
+            try:
+                if obj.get_parameter(first_name) is first and all(obj.get_parameter(n) is t for n, t in pairs):
+                    return obj
+            except AttributeError:
+                continue
+    raise RuntimeError("colauto: no live module holds this graph's parameters under the names Dynamo traced "
+                       f"({first_name}, ...): compile the nn.Module that owns them")
 
 
 def _root_module(gm: fx.GraphModule, example_inputs: list, frame: dict) -> tuple[torch.nn.Module, dict[int, str]]:

@@ -34,10 +34,13 @@ class DataParallel:
     """The data-parallel group a graph's gradients are averaged over."""
     world: int
     group_name: str
+    # False where something else reduces the gradients (a sharded module's parameter reads, dist/emit.py):
+    # only the losses are averaged
+    reduce_grads: bool = True
 
     @classmethod
-    def world_group(cls) -> "DataParallel":
-        return cls(dist.get_world_size(), compat.process_group_name(dist.group.WORLD))
+    def world_group(cls, reduce_grads: bool = True) -> "DataParallel":
+        return cls(dist.get_world_size(), compat.process_group_name(dist.group.WORLD), reduce_grads)
 
 
 def prepare(gm: fx.GraphModule, example_inputs: list, dp: DataParallel) -> None:
@@ -72,7 +75,7 @@ def reduce_gradients(joint: fx.GraphModule, *, num_fwd_outputs: int, param_indic
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     outs = list(output.args[0])
     done = 0
-    for i in param_indices:
+    for i in (param_indices if dp.reduce_grads else ()):
         j = num_fwd_outputs + i
         if j < len(outs) and isinstance(outs[j], fx.Node):
             outs[j] = _mean_over_ranks(graph, outs[j], dp, wait_at_end=True)

@@ -73,11 +73,17 @@ def run(spec: str, args) -> dict:
         ref_opt.zero_grad(set_to_none=True)
         ref_losses.append(r.item())
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "error": None,
-           "param_sum": sum(p.double().sum().item() for p in model.parameters()),
-           "max_param_diff": max((p - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))}
+           "param_sum": sum(_full(p).double().sum().item() for p in model.parameters()),
+           "max_param_diff": max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
+           "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()})}
     if "ckpt" in flags:
         out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
     return out
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor (a sharded module's parameters are DTensors)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 class Renamed(torch.nn.Module):
@@ -96,14 +102,14 @@ def checkpoint_round_trip(model, path: str) -> float:
     largest difference from the saved values."""
     import torch.distributed.checkpoint as dcp
     state = model.state_dict()
-    before = {k: v.clone() for k, v in state.items()}
+    before = {k: _full(v).clone() for k, v in state.items()}
     dcp.save(state, checkpoint_id=path)
     with torch.no_grad():
         for v in state.values():
             v.fill_(123)
     dcp.load(state, checkpoint_id=path)
     after = model.state_dict()
-    return max((after[k].double() - before[k].double()).abs().max().item() for k in before)
+    return max((_full(after[k]).double() - before[k].double()).abs().max().item() for k in before)
 
 
 if __name__ == "__main__":
