@@ -1,7 +1,11 @@
 """colauto's automatic parallel plan against hand-written DDP, FSDP2 and tensor parallel, all compiled.
 
     torchrun --nproc-per-node 4 -m bench.dist_compare --model gpt2:774m --batch 8 --seq 1024 --out /tmp/d
+    torchrun --nproc-per-node 4 -m bench.dist_compare --model hf/llama:bench --batch 4 --configs colauto,ddp,fsdp2 --out /tmp/d
     python -m bench.dist_compare --summarize --out /tmp/d          # summary.md of the folder
+
+--model is the project's zoo (`gpt2:774m`) or a transformers model of examples/hf_zoo.py (`hf/llama:bench`,
+called as `model(input_ids=x, labels=x).loss`); tensor parallel (`tp`) is for the zoo's models only.
 
 Every configuration trains the same global batch (--batch per GPU times the GPUs), bf16 autocast,
 fused AdamW, Inductor code generation (on a machine without CUDA: gloo, fp32, for a dry run): colauto (COLAUTO_CODEGEN=inductor, its automatic mesh), DDP +
@@ -33,6 +37,7 @@ import torch.nn as nn  # noqa: E402
 from torch.distributed.tensor.experimental import implicit_replication  # noqa: E402
 
 import colauto_backend  # noqa: E402
+from examples import hf_zoo  # noqa: E402
 from examples.models import build  # noqa: E402
 
 if "colauto" not in torch._dynamo.list_backends(exclude_tags=()):
@@ -60,6 +65,26 @@ def linear_roles(model: nn.Module) -> dict[str, str]:
     return roles
 
 
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated layers FSDP2 wraps one by one: the elements of every ModuleList of several modules
+    (GPT-2's blocks, a transformers model's decoder layers, T5's encoder and decoder blocks)."""
+    return [m for lst in model.modules() if isinstance(lst, nn.ModuleList) and len(lst) > 1 for m in lst]
+
+
+def build_model(spec: str):
+    """(model, batch(B, T) -> the call's arguments (a dict: keywords), loss of the call's output)."""
+    if spec.startswith("hf/"):
+        name, size = spec[3:].split(":")
+        model, batch = hf_zoo.build_hf(name, size, device=DEVICE)
+        return model, batch, hf_zoo.loss_of
+    name, size = spec.split(":")
+    model, make = build(name, size, device=DEVICE)
+
+    def batch(b: int, t: int) -> tuple:
+        return tuple(x.to(DEVICE) for x in make(b, t))
+    return model, batch, lambda out: out
+
+
 def prepare(kind: str, model: nn.Module, world: int):
     """(module to call, batch multiplier) for a hand-written configuration."""
     if kind == "ddp":
@@ -67,7 +92,7 @@ def prepare(kind: str, model: nn.Module, world: int):
         return torch.compile(DDP(model, device_ids=[torch.cuda.current_device()] if CUDA else None)), 1
     if kind == "fsdp2":
         from torch.distributed.fsdp import fully_shard
-        for block in model.blocks:
+        for block in blocks(model):
             fully_shard(block)
         fully_shard(model)
         return torch.compile(model), 1
@@ -92,14 +117,16 @@ def run(kind: str, args, rank: int, world: int) -> dict:
         torch.cuda.reset_peak_memory_stats()
     # What an earlier configuration in this process still holds is not this one's: subtract it.
     leftover = torch.cuda.memory_allocated() if CUDA else 0
-    name, size = args.model.split(":")
-    model, make = build(name, size, device=DEVICE)
+    model, make, loss_of = build_model(args.model)
+    if kind == "tp" and args.model.startswith("hf/"):
+        raise ValueError("the hand-written tp configuration knows the zoo's module names only")
     fn, mult = prepare(kind, model, world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=CUDA)
     # every rank its own micro-batch (tp: the group's whole batch), as a data loader would give it
-    x, y = (t.to(DEVICE) for t in make(args.batch * mult * world, args.seq))
+    inputs = make(args.batch * mult * world, args.seq)
     if mult == 1:
-        x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+        inputs = ({k: v.chunk(world)[rank] for k, v in inputs.items()} if isinstance(inputs, dict)
+                  else tuple(v.chunk(world)[rank] for v in inputs))
     compile_start = time.perf_counter()
     times = []
     for step in range(args.warmup + args.steps):
@@ -109,7 +136,7 @@ def run(kind: str, args, rank: int, world: int) -> dict:
         # which fused AdamW steps together with the DTensor ones) count as replicated
         with implicit_replication() if kind == "tp" else contextlib.nullcontext():
             with torch.autocast("cuda", torch.bfloat16) if CUDA else torch.autocast("cpu", enabled=False):
-                loss = fn(x, y)
+                loss = loss_of(fn(**inputs) if isinstance(inputs, dict) else fn(*inputs))
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -121,14 +148,20 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     median = timed[len(timed) // 2]
     peak = torch.tensor([torch.cuda.max_memory_allocated() - leftover if CUDA else 0], device=DEVICE)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    # the ranks' mean of the last loss (DDP and FSDP2 return each rank's own; colauto the mean already)
+    last = torch.tensor([float(loss.detach().float().item() if not hasattr(loss, "full_tensor")
+                               else loss.full_tensor())], device=DEVICE)
+    dist.all_reduce(last)
     # tokens/s per GPU: the global batch's tokens per step over the GPUs (the same for every config)
     out = {"config": kind, "tokens_per_s_per_gpu": args.batch * args.seq / median, "step_s": median,
            "steps_s": times, "peak_bytes": int(peak.item()), "compile_first_step_s": compile_s,
-           "loss": float(loss.detach().float().item() if not hasattr(loss, "full_tensor") else loss.full_tensor())}
+           "loss": float(last.item()) / world}
     if kind.startswith("colauto"):
-        from colauto_backend.dist.entry import SHARDED
-        plan = SHARDED[-1].plan
-        out.update(plan_mesh=plan.mesh_str, predicted=plan.predicted, grad_fallbacks=SHARDED[-1].grad_fallbacks)
+        from colauto_backend.dist.entry import PLANS, SHARDED
+        plan = PLANS[-1]
+        sharded = next((s for s in SHARDED if s.plan is plan), None)   # none: data parallelism
+        out.update(plan_mesh=plan.mesh_str, predicted=plan.predicted,
+                   grad_fallbacks=sharded.grad_fallbacks if sharded else 0)
     del model, fn, opt
     return out
 
@@ -190,7 +223,7 @@ def main() -> None:
             result = {"config": kind, "error": f"{type(exc).__name__}: {exc}"[:2000],
                       "trace": traceback.format_exc()[-3000:]}
         if rank == 0:
-            tag = args.model.replace(":", "-")
+            tag = args.model.replace(":", "-").replace("/", "-")      # hf/llama:bench -> hf-llama-bench
             label = kind.replace("@", "-").replace("=", "")
             with open(os.path.join(args.out, f"{tag}-{world}gpu-{label}.json"), "w") as f:
                 json.dump(meta | result, f, indent=1, default=str)

@@ -258,10 +258,13 @@ def test_op_without_a_dtensor_rule_is_named_before_tracing():
 
         def forward(self, x):
             return torch.cdist(self.lin(x), x).mean()
-    with pytest.raises(NotImplementedError) as err:
-        colauto_backend.explain(Cdist(), torch.randn(4, 8), mesh="2", device="h100")
+    with pytest.raises(NotImplementedError) as err:     # tensor parallelism runs ops on DTensors: named
+        colauto_backend.explain(Cdist(), torch.randn(4, 8), mesh="tp=2", device="h100")
     assert "aten._cdist_forward.default" in str(err.value) and "register_sharding" in str(err.value)
     assert "\n" not in str(err.value)
+    # dp and fsdp run the model's ops on plain tensors: the automatic plan leaves tp meshes out
+    plan = colauto_backend.explain(Cdist(), torch.randn(4, 8), mesh="2", device="h100")
+    assert "tp" not in plan.mesh_str
 
 
 def test_default_budget_leaves_headroom_on_several_devices(gpt2_124m):

@@ -1,4 +1,6 @@
-"""Data parallelism on the captured graph (COLAUTO_MESH=dp=N), on HuggingFace models as shipped.
+"""HuggingFace models as shipped, on several ranks: data parallelism on the captured graph
+(COLAUTO_MESH=dp=N), sharded plans without tensor parallelism (fsdp, dp x fsdp: plain parameter reads),
+and the automatic plan.
 
 Each launch trains tiny transformers models under torchrun (CPU, gloo), every rank on its own half (or
 quarter) of the batch; the reference is eager single-process training on the whole batch, computed on
@@ -22,7 +24,10 @@ CAUSAL = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "gpt_neox", "op
 RUNS_2 = ([f"{m}@dp=2" for m in CAUSAL] + ["gpt2@dp=2+renamed", "qwen2_moe@dp=2", "t5@dp=2", "bart@dp=2",
           "bert@dp=2", "roberta@dp=2", "vit@dp=2+late", "convnext@dp=2", "llama@dp=2+ckpt",
           "llama@dp=2+inductor", "qwen2_moe@dp=2+inductor", "t5@dp=2+inductor", "vit@dp=2+inductor"])
-RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor"]
+# fsdp: parameters sharded (DTensor state dict), gathered at each read as plain tensors
+FSDP_2 = ["llama@fsdp=2+late+ckpt", "qwen2@fsdp=2+inductor", "gpt2@fsdp=2", "t5@fsdp=2", "qwen2_moe@fsdp=2",
+          "vit@fsdp=2", "bart@fsdp=2+renamed", "falcon@auto", "llama@auto"]
+RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+inductor"]
 
 
 def launch(tmp_path, nproc: int, runs: list[str]) -> list[list[dict]]:
@@ -55,6 +60,14 @@ def test_two_processes_train_hf_models_like_one(tmp_path):
     check(launch(tmp_path, 2, RUNS_2), RUNS_2)
 
 
+def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
+    results = launch(tmp_path, 2, FSDP_2)
+    check(results, FSDP_2)
+    for r in results[0]:
+        if "fsdp" in r["run"]:     # the module's state is sharded: DCP sees DTensors
+            assert "DTensor" in r["state_kinds"], r
+
+
 def test_four_processes_train_hf_models_like_one(tmp_path):
     check(launch(tmp_path, 4, RUNS_4), RUNS_4)
 
@@ -67,3 +80,23 @@ def test_mesh_that_does_not_fit_the_job_is_one_line(tmp_path, mesh):
     err = results[0][0]["error"]
     assert err is not None and "COLAUTO_MESH=2 has 2 devices but the job has 4 ranks" in err, err
     assert "\n" not in err.split(": ", 1)[1], err
+
+
+def test_dist_compare_bench_runs_an_hf_model(tmp_path):
+    """The README's multi-GPU bench command, on CPU (2 gloo ranks, tiny HF Llama): colauto (automatic
+    plan, codegen inductor), DDP and FSDP2, all compiled, each a result without an error, and the same
+    training (the loss after the same steps on the same data)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(29400 + os.getpid() % 1000), "-m", "bench.dist_compare", "--model", "hf/llama:tiny", "--batch", "2",
+           "--seq", "16", "--steps", "2", "--warmup", "1", "--configs", "colauto,ddp,fsdp2", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    got = {json.load(open(p))["config"]: json.load(open(p)) for p in tmp_path.glob("*.json")}
+    assert set(got) == {"colauto", "ddp", "fsdp2"}, got.keys()
+    for config, r in got.items():
+        assert "error" not in r, (config, r.get("error"))
+        assert r["tokens_per_s_per_gpu"] > 0
+    assert got["colauto"]["plan_mesh"] == "dp=2"     # tiny model: data parallelism fits
+    assert abs(got["colauto"]["loss"] - got["ddp"]["loss"]) <= 1e-4, (got["colauto"]["loss"], got["ddp"]["loss"])
+    assert abs(got["fsdp2"]["loss"] - got["ddp"]["loss"]) <= 1e-4

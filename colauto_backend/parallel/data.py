@@ -44,18 +44,19 @@ class DataParallel:
 
 
 def prepare(gm: fx.GraphModule, example_inputs: list, dp: DataParallel) -> None:
-    """Before a graph is compiled: every rank must compile the same graph (else the collectives would
-    pair up wrongly and hang), and its parameters and buffers start as rank 0's."""
-    digest = hashlib.sha1(gm.code.encode()).hexdigest()[:16]
-    shapes = tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor))
-    mine = (digest, hashlib.sha1(repr(shapes).encode()).hexdigest()[:16])
+    """Before a graph is compiled: every rank must average the same parameters in the same order (else
+    the collectives would pair up wrongly and hang), and its parameters and buffers start as rank 0's.
+    The graph's code itself may differ between ranks (symbolic sizes are named by value coincidences)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    state = [(compat.raw_source_name(n), tuple(t.shape)) for n, t in zip(placeholders, example_inputs)
+             if isinstance(t, torch.nn.Parameter)]
+    mine = hashlib.sha1(repr(state).encode()).hexdigest()[:16]
     every = [None] * dp.world
     dist.all_gather_object(every, mine)
     if len(set(every)) > 1:
         groups = {d: [r for r, x in enumerate(every) if x == d] for d in set(every)}
-        raise RuntimeError(f"colauto: the ranks captured different graphs ((code, input shapes) digest -> ranks: "
-                           f"{groups}); give every rank the same model, input shapes and COLAUTO_* settings")
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        raise RuntimeError(f"colauto: the ranks compiled graphs of different parameters (digest of their names "
+                           f"and shapes -> ranks: {groups}); give every rank the same model and COLAUTO_* settings")
     with torch.no_grad():
         for node, t in zip(placeholders, example_inputs):
             if isinstance(t, torch.Tensor) and _is_state(node, t) and t not in _BROADCAST:
