@@ -95,7 +95,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             if dp is not None:
                 data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=dp)
             fused = config.codegen == "inductor"
-            if fused:
+            if config.codegen in ("inductor", "triton"):
+                # Inductor's joint-graph rewrites (for triton, mainly padding misaligned matmuls, which
+                # cuBLAS would otherwise run with 1-element alignment: GPT-2's 50257-wide LM head)
                 joint = compat.inductor_joint_passes(joint)
             if config.codegen == "triton":
                 from . import fused_loss   # local import: needs triton_kernels only when asked for
