@@ -84,7 +84,7 @@ def capture(model, *inputs):
     got = {}
 
     def backend(gm, example_inputs):
-        root, names = entry._root_module(gm, example_inputs, entry.compat.compiled_frame_locals())
+        names = entry.state_names(gm)
         got.update(gm=gm, names=names)
         return gm.forward
     torch.compile(model, backend=backend, fullgraph=True)(*inputs)

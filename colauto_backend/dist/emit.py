@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.utils._pytree import tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .. import _torch_compat as compat
 from .plan import ParallelPlan
 
 _OWNER: WeakIdKeyDictionary = WeakIdKeyDictionary()   # DTensor parameter -> (Sharded, fqn)
@@ -60,6 +61,10 @@ class Sharded:
     def shard(self) -> None:
         """Replace the parameters (not from inside the backend: Dynamo checks its guards against the
         module right after the backend returns, so this runs at the first call)."""
+        if not self.plain:
+            # tp activations are DTensors: a plain tensor the model makes in forward (positions from
+            # arange, a rotary table from a buffer) is the same on every rank, i.e. replicated
+            compat.allow_implicit_replication()
         self._shard(self.root)
         if not self.plain:
             self._pin_tp_activations()
@@ -248,10 +253,16 @@ class FirstCall:
     """The root module's call, rebuilt from the compiled frame's locals: graph inputs go where the frame
     had them, everything else is the constant the graph was traced with."""
 
-    def __init__(self, root: nn.Module, frame_locals: dict, example_inputs: list):
+    def __init__(self, root: nn.Module, frame_locals: dict, example_inputs: list, frame_args=None):
         index = {id(t): i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)}
         slot = lambda v: _Slot(index[id(v)]) if isinstance(v, torch.Tensor) and id(v) in index else v  # noqa: E731
         self.pos, self.kw = [], {}
+        if frame_args is not None and frame_args[0] and frame_args[0][0] is root:
+            # the compiled frame is a wrapper `f(module, *args, **kwargs)` (transformers' decorators):
+            # the module's call is the wrapper's own arguments after the module
+            self.pos = [tree_map(slot, v) for v in frame_args[0][1:]]
+            self.kw = {k: tree_map(slot, v) for k, v in frame_args[1].items()}
+            return
         for name, p in inspect.signature(root.forward).parameters.items():
             if name not in frame_locals:
                 continue

@@ -79,12 +79,13 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
             gm, example_inputs)
         return sharded.first_call_plain(compiled, example_inputs)
     frame = compat.compiled_frame_locals()
-    root, _ = _root_module(gm, example_inputs, frame)
+    root = owner_module(gm, example_inputs)
+    _check_inputs(gm, example_inputs, {id(t): n for n, t in [*root.named_parameters(), *root.named_buffers()]})
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
     from ..backend import make_backend   # local import: the backend imports this module
     backend = make_backend(dataclasses.replace(config, memory_budget=_planned_budget(plan)))
-    return sharded.first_call(emit.FirstCall(root, frame, example_inputs),
+    return sharded.first_call(emit.FirstCall(root, frame, example_inputs, compat.compiled_frame_args()),
                               lambda module: torch.compile(module, backend=backend))
 
 
@@ -190,20 +191,6 @@ def owner_module(gm: fx.GraphModule, example_inputs: list) -> torch.nn.Module:
                 continue
     raise RuntimeError("colauto: no live module holds this graph's parameters under the names Dynamo traced "
                        f"({first_name}, ...): compile the nn.Module that owns them")
-
-
-def _root_module(gm: fx.GraphModule, example_inputs: list, frame: dict) -> tuple[torch.nn.Module, dict[int, str]]:
-    """The nn.Module being compiled, and graph input position -> parameter fqn."""
-    params = [t for t in example_inputs if isinstance(t, torch.nn.Parameter)]
-    for value in frame.values():
-        if isinstance(value, torch.nn.Module):
-            fqn = {id(p): n for n, p in value.named_parameters()}
-            if all(id(p) in fqn for p in params):
-                state = fqn | {id(b): n for n, b in value.named_buffers()}
-                _check_inputs(gm, example_inputs, state)
-                return value, {i: fqn[id(t)] for i, t in enumerate(example_inputs) if id(t) in fqn}
-    raise RuntimeError("colauto: on several ranks, compile the nn.Module itself (torch.compile(model, "
-                       "backend='colauto')): this graph uses parameters of no module the compiled frame holds")
 
 
 def _check_inputs(gm: fx.GraphModule, example_inputs: list, state: dict[int, str]) -> None:
