@@ -188,9 +188,16 @@ def symbol_sources(shape_env) -> dict[sympy.Symbol, tuple[str, int]]:
     out: dict[sympy.Symbol, tuple[str, int]] = {}
     for s, sources in (getattr(shape_env, "var_to_sources", None) or {}).items():
         for src in sources:
-            if (isinstance(src, TensorPropertySource) and src.prop == TensorProperty.SIZE
-                    and isinstance(src.base, LocalSource)):
-                out[s] = (src.base.local_name, int(src.idx))
+            if not (isinstance(src, TensorPropertySource) and src.prop == TensorProperty.SIZE):
+                continue
+            base = src.base
+            if isinstance(base, LocalSource):
+                out[s] = (base.local_name, int(src.idx))
+                break
+            # a keyword argument through `**kwargs` (transformers' decorators): L['kwargs']['input_ids']
+            key = getattr(base, "index", None)
+            if isinstance(key, str) and isinstance(getattr(base, "base", None), LocalSource):
+                out[s] = (key, int(src.idx))
                 break
     return out
 

@@ -86,9 +86,11 @@ def _make(analysis: Analysis, subs: dict, arg_names: list[str], timings: dict) -
                    _analysis=analysis, _arg_names=arg_names)
 
 
-def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None) -> tuple[Analysis, list[str]]:
+def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
+            kwargs: dict | None = None) -> tuple[Analysis, list[str]]:
     """Run Dynamo + AOTAutograd + the cost model (and planner) on `model`, stopping before any kernel."""
     config = cfg.load(options)
+    kwargs = kwargs or {}
     arg_names = [p for p in inspect.signature(model.forward).parameters][: len(example_inputs)]
     captured: list[Analysis] = []
 
@@ -96,14 +98,14 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None)
         captured.append(analysis)
         raise _Captured()
 
-    for t in example_inputs:
+    for t in (*example_inputs, *kwargs.values()):
         if isinstance(t, torch.Tensor):
             for d in range(t.dim()):
                 torch._dynamo.maybe_mark_dynamic(t, d)
     compiled = torch.compile(model, backend=local_backend(config, on_analysis=stop), fullgraph=True)
     try:
         with compat.no_duck_sizing():
-            compiled(*example_inputs)   # stops inside the backend once the analysis exists
+            compiled(*example_inputs, **kwargs)   # stops inside the backend once the analysis exists
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         inner = compat.unwrap_backend_error(exc)
         if not isinstance(inner, _Captured):
@@ -118,8 +120,10 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None)
     return analysis, arg_names
 
 
-def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None = None) -> Profile:
+def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None = None,
+            kwargs: dict | None = None) -> Profile:
     """Capture `model` as torch.compile would and build its cost model at these example sizes.
+    `kwargs` are keyword inputs of the model's call (a transformers model's `input_ids=`, `labels=`).
 
     Every dimension of every tensor input becomes a size symbol (sizes 0 and 1 are specialized by
     Dynamo, so give examples of size >= 2). The model must compile to one graph (no graph breaks).
@@ -127,14 +131,14 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
     the profile describes the plan torch.compile(backend="colauto") would run.
     """
     start = time.perf_counter()
-    analysis, arg_names = capture(model, example_inputs, options)
+    analysis, arg_names = capture(model, example_inputs, options, kwargs)
     trace_s = time.perf_counter() - start - analysis.cost_s
     return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "trace_s": trace_s})
 
 
 def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | int | None = None,
             mesh: str | None = None, device: str | None = None, devices: int | None = None,
-            options: dict | None = None):
+            options: dict | None = None, kwargs: dict | None = None):
     """The plan colauto would run for this model, without running it.
 
     Without `mesh`: the rematerialization Plan under `budget` (bytes, '12GiB', a fraction of device
@@ -142,14 +146,14 @@ def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | 
     "fsdp=2,tp=4", or "auto" with `devices`: every factorization of that many devices): the
     ParallelPlan for that many devices (mesh, placements, and in `.predicted` the per-device step
     time, memory and every candidate mesh), planned in this process; `example_inputs` are one rank's
-    micro-batch. `device` names a roofline preset (h100, h200, a100, cpu)."""
+    micro-batch. `device` names a roofline preset (h100, h200, a100, cpu). `kwargs` are keyword inputs."""
     options = dict(options or {})
     if budget is not None:
         options["memory_budget"] = budget
     if device is not None:
         options["device"] = device
     if mesh is None:
-        analysis, _ = capture(model, example_inputs, options)
+        analysis, _ = capture(model, example_inputs, options, kwargs)
         return analysis.plan
     from .dist import entry
     options["mesh"] = mesh
@@ -157,4 +161,4 @@ def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | 
     if config.mesh is None and devices is None:
         raise cfg.ConfigError("mesh='auto' needs devices=N (the number of devices to plan for)")
     world = devices if devices is not None else math.prod(size for _, size in config.mesh)
-    return entry.plan_model(model, example_inputs, config, world)
+    return entry.plan_model(model, example_inputs, config, world, kwargs)

@@ -152,7 +152,8 @@ class _Planned(Exception):
     pass
 
 
-def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, world: int) -> ParallelPlan:
+def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, world: int,
+               kwargs: dict | None = None) -> ParallelPlan:
     """The plan colauto would run for `model` on `world` devices, from this one process: no process
     group, no kernel, nothing sharded (explain's distributed form)."""
     plans: list[ParallelPlan] = []
@@ -163,7 +164,7 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
         plans.append(plan_graph(gm, inputs, names, params, config, mesh.candidates(config.mesh, world)))
         raise _Planned()
     try:
-        torch.compile(model, backend=backend, fullgraph=True)(*example_inputs)
+        torch.compile(model, backend=backend, fullgraph=True)(*example_inputs, **(kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         inner = compat.unwrap_backend_error(exc)
         if not isinstance(inner, _Planned):
