@@ -451,3 +451,4 @@ def compiled_frame_args() -> tuple[tuple, dict] | None:
     if code.co_flags & inspect.CO_VARKEYWORDS:
         kw.update(local.get(names[i], {}))
     return tuple(pos), kw
+

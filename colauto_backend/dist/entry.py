@@ -49,8 +49,10 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
             owner = next((emit.owner(t) for t in example_inputs if emit.owner(t) is not None), None)
             # plain mode: the graph's losses are each rank's, averaged as under data parallelism
             plain = owner is not None and owner.plain
-            _COMPILED[key] = make_local(data.DataParallel.world_group(reduce_grads=False) if plain else None)(
-                gm, example_inputs)
+            # each rank's graphs are compiled (and rematerialized) under the budget the plan was made for
+            budget = _planned_budget(owner.plan) if owner is not None else None
+            _COMPILED[key] = make_local(data.DataParallel.world_group(reduce_grads=False) if plain else None,
+                                        budget)(gm, example_inputs)
         return _COMPILED[key]
     candidates = mesh.candidates(config.mesh, mesh.world_size())  # a COLAUTO_MESH that cannot fit: say so first
     mesh.ensure_process_group()
@@ -78,15 +80,14 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
         compiled = make_local(data.DataParallel.world_group(reduce_grads=False), _planned_budget(plan))(
             gm, example_inputs)
         return sharded.first_call_plain(compiled, example_inputs)
-    frame = compat.compiled_frame_locals()
     root = owner_module(gm, example_inputs)
     _check_inputs(gm, example_inputs, {id(t): n for n, t in [*root.named_parameters(), *root.named_buffers()]})
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
     from ..backend import make_backend   # local import: the backend imports this module
     backend = make_backend(dataclasses.replace(config, memory_budget=_planned_budget(plan)))
-    return sharded.first_call(emit.FirstCall(root, frame, example_inputs, compat.compiled_frame_args()),
-                              lambda module: torch.compile(module, backend=backend))
+    call = emit.FirstCall(root, compat.compiled_frame_locals(), example_inputs, compat.compiled_frame_args())
+    return sharded.first_call(call, lambda module: torch.compile(module, backend=backend))
 
 
 def _data_parallel(gm: fx.GraphModule, example_inputs: list, make_local: Callable, memory_budget) -> Callable:
