@@ -432,23 +432,3 @@ def allow_implicit_replication() -> None:
     from torch.distributed.tensor import DTensor
     DTensor._op_dispatcher._allow_implicit_replication = True
 
-
-def compiled_frame_args() -> tuple[tuple, dict] | None:
-    """The positional (with *args) and keyword (**kwargs) arguments of the frame Dynamo is compiling, from
-    its code object; None where they cannot be read."""
-    import inspect
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-    tx = InstructionTranslator.current_tx()
-    code, local = tx.f_code, dict(tx.f_locals)
-    names = code.co_varnames
-    n = code.co_argcount
-    pos = [local[x] for x in names[:n] if x in local]
-    i = n + code.co_kwonlyargcount
-    if code.co_flags & inspect.CO_VARARGS:
-        pos.extend(local.get(names[i], ()))
-        i += 1
-    kw = {x: local[x] for x in names[n:n + code.co_kwonlyargcount] if x in local}
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        kw.update(local.get(names[i], {}))
-    return tuple(pos), kw
-

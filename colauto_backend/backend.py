@@ -94,7 +94,6 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             params = static_lifetime_input_indices or []
             if dp is not None:
                 data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=dp)
-            fused = config.codegen == "inductor"
             if config.codegen in ("inductor", "triton"):
                 # Inductor's joint-graph rewrites (for triton, mainly padding misaligned matmuls, which
                 # cuBLAS would otherwise run with 1-element alignment: GPT-2's 50257-wide LM head)

@@ -7,17 +7,18 @@ tensor is that same storage: the optimizer steps the shard, `state_dict()` shows
 `torch.distributed.checkpoint` saves and loads them in place. Both hold the same gradient: the
 DTensor parameter's `.grad` and, as its local tensor, the original's.
 
-After sharding, Dynamo sees DTensor parameters and recompiles (colauto compiles the sharded module
-itself for the first call; the user's recompile reuses that compiled graph). Hooks on the root module turn the
-rank's micro-batch into a DTensor (sharded on dim 0 over the whole mesh) and the
-outputs back into local tensors; reading a parameter gives it in its compute placement (an fsdp axis
-gathered), so the re-traced graph has the gathers in it, and AOTAutograd lowers it to a local graph
-whose collectives include the gradient reductions (the backward of each gather or replicate).
+The first call runs the graph Dynamo captured before sharding, on the parameters gathered whole (one
+data-parallel step: `Sharded.first_call`). After it, Dynamo sees DTensor parameters and re-traces the
+user's code once. Reading a parameter gives it in its compute placement: without tensor parallelism
+as a plain tensor (gathered; "plain mode", SimpleFSDP's way), so the user's code meets no DTensor;
+with tp as a DTensor, and hooks on the root module turn the rank's micro-batch into a DTensor (sharded
+on dim 0 over the whole mesh) and the outputs back into local tensors. Either way the re-traced graph
+has the gathers in it, and AOTAutograd lowers it to a local graph whose collectives include the
+gradient reductions (the backward of each gather or replicate).
 """
 from __future__ import annotations
 
-import dataclasses
-import inspect
+from typing import Callable
 import warnings
 import weakref
 
@@ -195,17 +196,14 @@ class Sharded:
         """Where the graph uses parameter `fqn` (replicated if the plan never saw it)."""
         return placements_of(self.plan.compute.get(fqn, ("R",) * len(self.roles)))
 
-    def gathered(self, d: DTensor) -> torch.Tensor:
-        """A plain-mode parameter read: the full tensor, whose gradient (each rank's part of the batch's)
-        is averaged over the ranks on its way back into the shard (reduce-scatter / all-reduce)."""
-        placements = self.compute_placements(_OWNER[d][1])
-        return d.redistribute(self.mesh, placements).to_local(grad_placements=[Partial("avg")] * len(placements))
-
     # -- the first call, before Dynamo has seen the DTensor parameters --------------------------------
-    def first_call_plain(self, compiled: "callable", example_inputs: list):
-        """Plain mode: shard, then run this call's captured graph (compiled for full parameters) on the
-        gathered parameters. Later calls see the sharded module: Dynamo re-traces the user's code, whose
-        parameter reads gather (`_use_compute_placements`), and nothing else changes."""
+    def first_call(self, compiled: Callable, example_inputs: list) -> Callable:
+        """Shard, then run this call's captured graph (`compiled` for full parameters, each rank's
+        micro-batch) on the parameters gathered whole: data parallelism for one step, the same gradient
+        as any plan's (each rank's part averaged back into its shard), and exactly the outputs the
+        captured graph returns. Later calls see the sharded module: Dynamo re-traces the user's code,
+        whose parameter reads give the compute placements (and with tp, the hooks make the micro-batch
+        and the activations DTensors). No frame is read and the backend is not re-entered."""
         originals = {i: t for i, t in enumerate(example_inputs) if isinstance(t, nn.Parameter)}
 
         @torch.compiler.disable
@@ -215,23 +213,10 @@ class Sharded:
             args = list(args)
             for i, t in originals.items():
                 if id(t) in self.dparam:
-                    args[i] = self.gathered(self.dparam[id(t)])
+                    d = self.dparam[id(t)]
+                    whole = [Replicate()] * len(self.roles)
+                    args[i] = d.redistribute(self.mesh, whole).to_local(grad_placements=[Partial("avg")] * len(whole))
             return compiled(*args)
-        return run
-    def first_call(self, call: "FirstCall", compile_module):
-        """Shard, then run this one call through `compile_module(root)` (a torch.compile of the sharded
-        module: the graph captured before sharding has the micro-batch's sizes baked in, and eager
-        DTensor code hits view bugs a traced graph does not)."""
-        compiled = []
-
-        @torch.compiler.disable
-        def run(*args):
-            if not self.done:
-                self.shard()
-                compiled.append(compile_module(self.root))
-            pos, kw = call.fill(args)
-            out = compiled[0](*pos, **kw)
-            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
         return run
 
 
@@ -247,43 +232,6 @@ class _RankPart(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> DTensor:
         mesh, placements, shape, stride = ctx.spec
         return DTensor.from_local(grad / mesh.size(), mesh, placements, run_check=False, shape=shape, stride=stride)
-
-
-class FirstCall:
-    """The root module's call, rebuilt from the compiled frame's locals: graph inputs go where the frame
-    had them, everything else is the constant the graph was traced with."""
-
-    def __init__(self, root: nn.Module, frame_locals: dict, example_inputs: list, frame_args=None):
-        index = {id(t): i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor)}
-        slot = lambda v: _Slot(index[id(v)]) if isinstance(v, torch.Tensor) and id(v) in index else v  # noqa: E731
-        self.pos, self.kw = [], {}
-        if frame_args is not None and frame_args[0] and frame_args[0][0] is root:
-            # the compiled frame is a wrapper `f(module, *args, **kwargs)` (transformers' decorators):
-            # the module's call is the wrapper's own arguments after the module
-            self.pos = [tree_map(slot, v) for v in frame_args[0][1:]]
-            self.kw = {k: tree_map(slot, v) for k, v in frame_args[1].items()}
-            return
-        for name, p in inspect.signature(root.forward).parameters.items():
-            if name not in frame_locals:
-                continue
-            value = tree_map(slot, frame_locals[name])
-            if p.kind == p.VAR_POSITIONAL:
-                self.pos.extend(value)
-            elif p.kind == p.VAR_KEYWORD:
-                self.kw.update(value)
-            elif p.kind == p.KEYWORD_ONLY:
-                self.kw[name] = value
-            else:
-                self.pos.append(value)
-
-    def fill(self, args) -> tuple[list, dict]:
-        put = lambda v: args[v.index] if isinstance(v, _Slot) else v  # noqa: E731
-        return tree_map(put, self.pos), tree_map(put, self.kw)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Slot:
-    index: int
 
 
 def _use_compute_placements(module: nn.Module, sharded: Sharded) -> None:

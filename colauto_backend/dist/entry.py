@@ -1,7 +1,6 @@
 """The distributed path of the backend: plan once on the first graph, shard, then compile SPMD graphs."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import math
@@ -74,20 +73,15 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     report.emit_parallel(plan.to_json(), config.report)
     if plan.data_parallel_only:
         return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
-    if not plan.tp_modules and not plan.layer_places:   # plain mode (emit.Sharded.plain): no frame, no re-entry
-        sharded = emit.Sharded(owner_module(gm, example_inputs), plan, mesh.device_mesh(plan.axes))
-        SHARDED.append(sharded)
-        compiled = make_local(data.DataParallel.world_group(reduce_grads=False), _planned_budget(plan))(
-            gm, example_inputs)
-        return sharded.first_call_plain(compiled, example_inputs)
     root = owner_module(gm, example_inputs)
     _check_inputs(gm, example_inputs, {id(t): n for n, t in [*root.named_parameters(), *root.named_buffers()]})
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
-    from ..backend import make_backend   # local import: the backend imports this module
-    backend = make_backend(dataclasses.replace(config, memory_budget=_planned_budget(plan)))
-    call = emit.FirstCall(root, compat.compiled_frame_locals(), example_inputs, compat.compiled_frame_args())
-    return sharded.first_call(call, lambda module: torch.compile(module, backend=backend))
+    # the first call runs this captured graph as data parallelism on the gathered parameters (each rank's
+    # loss averaged, gradients averaged back into the shards); Dynamo then re-traces the sharded module
+    compiled = make_local(data.DataParallel.world_group(reduce_grads=False), _planned_budget(plan))(
+        gm, example_inputs)
+    return sharded.first_call(compiled, example_inputs)
 
 
 def _data_parallel(gm: fx.GraphModule, example_inputs: list, make_local: Callable, memory_budget) -> Callable:
