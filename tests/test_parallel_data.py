@@ -1,6 +1,6 @@
 """HuggingFace models as shipped, on several ranks: data parallelism on the captured graph
 (COLAUTO_MESH=dp=N), sharded plans without tensor parallelism (fsdp, dp x fsdp: plain parameter reads),
-and the automatic plan.
+tensor parallelism, and the automatic plan.
 
 Each launch trains tiny transformers models under torchrun (CPU, gloo), every rank on its own half (or
 quarter) of the batch; the reference is eager single-process training on the whole batch, computed on
@@ -27,6 +27,10 @@ RUNS_2 = ([f"{m}@dp=2" for m in CAUSAL] + ["gpt2@dp=2+renamed", "qwen2_moe@dp=2"
 # fsdp: parameters sharded (DTensor state dict), gathered at each read as plain tensors
 FSDP_2 = ["llama@fsdp=2+late+ckpt", "qwen2@fsdp=2+inductor", "gpt2@fsdp=2", "t5@fsdp=2", "qwen2_moe@fsdp=2",
           "vit@fsdp=2", "bart@fsdp=2+renamed", "falcon@auto", "llama@auto"]
+# tensor parallelism (Megatron pairs, sequence parallel along the batch): DTensor activations; the loss
+# and logits a ModelOutput returns, rotary tables and positions made in forward
+TP_2 = ["llama@tp=2", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2", "qwen3@tp=2+late",
+        "vit@tp=2", "bert@tp=2"]
 RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+inductor"]
 
 
@@ -66,6 +70,19 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
     for r in results[0]:
         if "fsdp" in r["run"]:     # the module's state is sharded: DCP sees DTensors
             assert "DTensor" in r["state_kinds"], r
+
+
+def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
+    check(launch(tmp_path, 2, TP_2), TP_2)
+
+
+def test_tensor_parallel_names_an_op_without_a_dtensor_rule(tmp_path):
+    """Qwen2-MoE's expert matmul is a transformers custom op DTensor has no rule for: forcing tp on it is
+    one line naming the op and the way out (the automatic plan would leave tp out)."""
+    results = launch(tmp_path, 2, ["qwen2_moe@tp=2"])
+    err = results[0][0]["error"]
+    assert err is not None and err.startswith("ConfigError: COLAUTO_MESH: DTensor has no sharding rule"), err
+    assert "grouped_mm_fallback" in err and "COLAUTO_MESH=fsdp=N" in err and "\n" not in err, err
 
 
 def test_four_processes_train_hf_models_like_one(tmp_path):

@@ -25,7 +25,7 @@ import weakref
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import _torch_compat as compat
@@ -171,7 +171,11 @@ class Sharded:
         if not isinstance(x, torch.Tensor) or isinstance(x, DTensor):
             return x
         place = Replicate() if x.dim() == 0 else Shard(0)
-        return DTensor.from_local(x, self.mesh, [place] * len(self.roles), run_check=False)
+        d = DTensor.from_local(x, self.mesh, [place] * len(self.roles), run_check=False)
+        # the first call traced the rank's micro-batch, this is the global one: without this Dynamo
+        # would take the size change for a dynamic dim (DTensor's implicit replication cannot size those)
+        compat.mark_static(d)
+        return d
 
     def to_output(self, y):
         """Scalars (a mean loss: the global batch's) replicated; others back to the rank's micro-batch,
@@ -190,7 +194,7 @@ class Sharded:
 
     @torch.compiler.disable
     def _outputs_hook(self, module, args, output):
-        return tree_map(self.to_output, output)
+        return tree_map(self.to_output, _tie_to_loss(output))
 
     def compute_placements(self, fqn: str) -> list:
         """Where the graph uses parameter `fqn` (replicated if the plan never saw it)."""
@@ -218,6 +222,24 @@ class Sharded:
                     args[i] = d.redistribute(self.mesh, whole).to_local(grad_placements=[Partial("avg")] * len(whole))
             return compiled(*args)
         return run
+
+
+def _tie_to_loss(output):
+    """A model that returns its loss and other outputs that need gradients (a transformers ModelOutput:
+    loss and logits) but whose script backpropagates the loss alone: AOTAutograd's compiled graph then
+    gets no gradient for those DTensor outputs and cannot make one of the right type. Adding zero times
+    each one's sum to the loss gives each a (zero) DTensor gradient; the loss's value is unchanged."""
+    leaves, spec = tree_flatten(output)
+    dts = [i for i, t in enumerate(leaves) if isinstance(t, DTensor) and t.requires_grad]
+    losses = [i for i in dts if leaves[i].dim() == 0]
+    if len(losses) != 1 or len(dts) < 2:
+        return output
+    loss = leaves[losses[0]]
+    for i in dts:
+        if i != losses[0]:
+            loss = loss + leaves[i].sum() * 0.0
+    leaves[losses[0]] = loss
+    return tree_unflatten(leaves, spec)
 
 
 class _RankPart(torch.autograd.Function):

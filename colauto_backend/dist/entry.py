@@ -1,6 +1,7 @@
 """The distributed path of the backend: plan once on the first graph, shard, then compile SPMD graphs."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import math
@@ -13,7 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from .. import _torch_compat as compat
 from .. import planner, report
-from ..config import Config
+from ..config import Config, ConfigError
 from ..parallel import data
 from . import _dtensor_rules, choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
@@ -118,14 +119,20 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
         analysis = analyze_only(config, gm, example_inputs)
     _register_rules()
     missing = _dtensor_rules.uncovered(analysis.joint)
+    if missing and config.codegen == "inductor":
+        # DTensor runs the ops before Inductor's decompositions (those go to each rank's local graph):
+        # check the graph without them
+        with torch.enable_grad():
+            missing = _dtensor_rules.uncovered(analyze_only(dataclasses.replace(config, codegen="aten"), gm,
+                                                            example_inputs).joint)
     if missing:
         # tensor parallelism runs the model's ops on DTensor activations, which would fail on these; dp
         # and fsdp run them on plain tensors (only parameter reads are DTensor ops) and need no rule
         no_tp = [axes for axes in candidates if all(role != "tp" for role, _ in axes)]
         if not no_tp:
-            raise NotImplementedError(
-                f"colauto: DTensor has no sharding rule for {', '.join(missing)}, which this model's training step "
-                "runs, so tensor parallelism cannot run it yet: use dp or fsdp axes (COLAUTO_MESH=fsdp=N, or "
+            raise ConfigError(
+                f"COLAUTO_MESH: DTensor has no sharding rule for {', '.join(missing)}, which this model's training "
+                "step runs, so tensor parallelism cannot run it yet: use dp or fsdp axes (COLAUTO_MESH=fsdp=N, or "
                 "unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
         candidates = no_tp
     link = comm.resolve(config.comm, analysis.device.name)
