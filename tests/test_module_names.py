@@ -136,7 +136,9 @@ class TensorAttribute(torch.nn.Module):
         return (s.fc(x) * s.scale).sum()
 
 
-def test_module_tensor_check_sees_a_module_not_named_self():
-    """dist's check for module tensors that cannot be placed reads the input's source as L['self']..."""
-    with pytest.raises(RuntimeError, match="neither a parameter nor a buffer"):
-        colauto_backend.explain(TensorAttribute(), torch.randn(4, 8), mesh="2", device="h100")
+def test_plan_names_parameters_of_a_module_not_named_self():
+    """The parallel plan names parameters from Dynamo's sources whatever the forward calls its module
+    (`s` here); a plain tensor attribute is neither placed nor refused (the model's ops see it as it is:
+    plain under dp and fsdp, replicated under tp)."""
+    plan = colauto_backend.explain(TensorAttribute(), torch.randn(4, 8), mesh="2", device="h100")
+    assert set(plan.storage) == {"fc.weight", "fc.bias"}

@@ -75,7 +75,6 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     if plan.data_parallel_only:
         return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
     root = owner_module(gm, example_inputs)
-    _check_inputs(gm, example_inputs, {id(t): n for n, t in [*root.named_parameters(), *root.named_buffers()]})
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
     # the first call runs this captured graph as data parallelism on the gathered parameters (each rank's
@@ -194,15 +193,6 @@ def owner_module(gm: fx.GraphModule, example_inputs: list) -> torch.nn.Module:
                 continue
     raise RuntimeError("colauto: no live module holds this graph's parameters under the names Dynamo traced "
                        f"({first_name}, ...): compile the nn.Module that owns them")
-
-
-def _check_inputs(gm: fx.GraphModule, example_inputs: list, state: dict[int, str]) -> None:
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, t in zip(placeholders, example_inputs):
-        src = compat.source_name(node) or ""
-        if isinstance(t, torch.Tensor) and id(t) not in state and "L['self']" in src:
-            raise RuntimeError(f"colauto: the module tensor {src} is neither a parameter nor a buffer, so it "
-                               "cannot be placed on the mesh: register it with register_buffer")
 
 
 def check_same_plan(plan: ParallelPlan) -> None:
