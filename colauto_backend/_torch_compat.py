@@ -433,7 +433,6 @@ def allow_implicit_replication() -> None:
     DTensor._op_dispatcher._allow_implicit_replication = True
 
 
-
 def mark_static(t: torch.Tensor) -> None:
     """Every dim of `t` stays static in Dynamo's traces (no automatic dynamic shapes for it)."""
     torch._dynamo.mark_static(t)

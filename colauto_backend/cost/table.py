@@ -6,8 +6,6 @@ cached per (op, argument signature), so the 2nd..Nth copy of a repeated layer co
 """
 from __future__ import annotations
 
-from .. import _torch_compat as compat
-
 import dataclasses
 from typing import Any
 
@@ -15,6 +13,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from .. import _torch_compat as compat
 from . import flops as F
 from .device import DeviceSpec
 from .poly import Basis

@@ -57,7 +57,7 @@ class Sharded:
         # tensor (gathered; its gradient each rank's part, averaged back into the shard), and the user's
         # code runs on plain tensors only, as SimpleFSDP does: no DTensor meets its buffers, masks or
         # positions. With tp, activations are DTensors too (sharded over tp), as before.
-        self.plain = not plan.tp_modules and not plan.layer_places
+        self.plain = not plan.tensor_parallel
 
     def shard(self) -> None:
         """Replace the parameters (not from inside the backend: Dynamo checks its guards against the
@@ -82,9 +82,8 @@ class Sharded:
         for fqn, p in root.named_parameters():
             # a tied parameter is planned under the name the graph read it by; one the graph never
             # read (used only after a graph break, or not at all) stays replicated
-            planned = next((a for a in aliases[id(p)] if a in self.plan.storage), None)
-            fqn = planned or fqn
-            spec = placements_of(self.plan.storage[planned] if planned else ("R",) * len(self.roles))
+            fqn = next((a for a in aliases[id(p)] if a in self.plan.storage), fqn)
+            spec = self._placements(self.plan.storage, fqn)
             full = distribute_tensor(p.detach(), self.mesh, spec)   # rank 0's values, as DDP broadcasts
             p.data = full.to_local()
             d = nn.Parameter(DTensor.from_local(p.data, self.mesh, spec, run_check=False,
@@ -197,8 +196,12 @@ class Sharded:
         return tree_map(self.to_output, _tie_to_loss(output))
 
     def compute_placements(self, fqn: str) -> list:
-        """Where the graph uses parameter `fqn` (replicated if the plan never saw it)."""
-        return placements_of(self.plan.compute.get(fqn, ("R",) * len(self.roles)))
+        """Where the graph uses parameter `fqn`."""
+        return self._placements(self.plan.compute, fqn)
+
+    def _placements(self, table: dict[str, tuple[str, ...]], fqn: str) -> list:
+        """`table[fqn]` as placements; replicated for a parameter the plan never saw."""
+        return placements_of(table.get(fqn, ("R",) * len(self.roles)))
 
     # -- the first call, before Dynamo has seen the DTensor parameters --------------------------------
     def first_call(self, compiled: Callable, example_inputs: list) -> Callable:
@@ -215,13 +218,18 @@ class Sharded:
             if not self.done:
                 self.shard()
             args = list(args)
+            whole = [Replicate()] * len(self.roles)
             for i, t in originals.items():
                 if id(t) in self.dparam:
-                    d = self.dparam[id(t)]
-                    whole = [Replicate()] * len(self.roles)
-                    args[i] = d.redistribute(self.mesh, whole).to_local(grad_placements=[Partial("avg")] * len(whole))
+                    args[i] = plain_read(self.dparam[id(t)], self.mesh, whole)
             return compiled(*args)
         return run
+
+
+def plain_read(d: DTensor, mesh, placements: list) -> torch.Tensor:
+    """`d` in `placements` as a plain tensor whose gradient (each rank's part of the batch's) is averaged
+    over the ranks on its way back into `d`'s placement (reduce-scatter / all-reduce)."""
+    return d.redistribute(mesh, placements).to_local(grad_placements=[Partial("avg")] * len(placements))
 
 
 def _tie_to_loss(output):
@@ -268,9 +276,7 @@ def _use_compute_placements(module: nn.Module, sharded: Sharded) -> None:
 
     def getter(name, mesh, placements):
         if sharded.plain:
-            partial = [Partial("avg")] * len(placements)
-            return property(lambda self: self._parameters[name].redistribute(mesh, placements).to_local(
-                grad_placements=partial))
+            return property(lambda self: plain_read(self._parameters[name], mesh, placements))
         return property(lambda self: self._parameters[name].redistribute(mesh, placements))
     cls = module.__class__
     module.__class__ = type(cls.__name__, (cls,), {n: getter(n, sharded.mesh, pl) for n, pl in specs.items()})

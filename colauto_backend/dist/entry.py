@@ -46,7 +46,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     if any(isinstance(t, DTensor) for t in example_inputs):      # the re-trace of a sharded module
         key = (gm.code, torch.is_grad_enabled(), tuple(_signature(t) for t in example_inputs))
         if key not in _COMPILED:    # the first call compiled it; the user's recompile traces the same graph
-            owner = next((emit.owner(t) for t in example_inputs if emit.owner(t) is not None), None)
+            owner = next(filter(None, map(emit.owner, example_inputs)), None)
             # plain mode: the graph's losses are each rank's, averaged as under data parallelism
             plain = owner is not None and owner.plain
             # each rank's graphs are compiled (and rematerialized) under the budget the plan was made for
@@ -61,8 +61,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
         # outputs of a graph before a break), so a loss it computes is the rank's: averaged, as any
         # graph's 0-dim floating outputs on several ranks (parallel/data.py)
         return _data_parallel(gm, example_inputs, make_local, None)
-    names = state_names(gm)
-    params = {names[i]: t for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)}
+    names, params = graph_params(gm, example_inputs)
     if all(role == "dp" for axes in candidates for role, _ in axes):   # COLAUTO_MESH=dp=N: nothing to choose
         plan = ParallelPlan(candidates[0], {n: ("R",) for n in params}, {n: ("R",) for n in params})
         PLANS.append(plan)
@@ -103,6 +102,13 @@ def state_names(gm: fx.GraphModule) -> dict[int, str]:
     sources: whatever the module's forward calls itself, and in any graph of a graph break)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return {i: name for i, n in enumerate(placeholders) if (name := compat.state_fqn(n)) is not None}
+
+
+def graph_params(gm: fx.GraphModule, example_inputs: list) -> tuple[dict[int, str], dict[str, torch.Tensor]]:
+    """(input position -> state name, parameter name -> the Parameter) of one captured graph."""
+    names = state_names(gm)
+    return names, {names[i]: t for i, t in enumerate(example_inputs)
+                   if i in names and isinstance(t, torch.nn.Parameter)}
 
 
 def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], params: dict,
@@ -160,8 +166,7 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
     plans: list[ParallelPlan] = []
 
     def backend(gm, inputs):
-        names = state_names(gm)
-        params = {names[i]: t for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter)}
+        names, params = graph_params(gm, inputs)
         plans.append(plan_graph(gm, inputs, names, params, config, mesh.candidates(config.mesh, world)))
         raise _Planned()
     try:
@@ -181,8 +186,7 @@ def _register_rules() -> None:
 def owner_module(gm: fx.GraphModule, example_inputs: list) -> torch.nn.Module:
     """The module the graph's parameters are named under (the compiled one, or the module a graph after a
     break runs in), found among the live modules by those names: no frame is read."""
-    names = state_names(gm)
-    pairs = [(names[i], t) for i, t in enumerate(example_inputs) if i in names and isinstance(t, torch.nn.Parameter)]
+    pairs = list(graph_params(gm, example_inputs)[1].items())
     first_name, first = pairs[0]
     for obj in gc.get_objects():
         if issubclass(type(obj), torch.nn.Module):    # type(): isinstance would follow dead weak proxies

@@ -29,11 +29,15 @@ class ParallelPlan:
     predicted: dict = dataclasses.field(default_factory=dict, compare=False)   # step time, memory, comm
 
     @property
+    def tensor_parallel(self) -> bool:
+        """Some layer runs tensor-parallel or has its activations placed over tp."""
+        return bool(self.tp_modules or self.layer_places)
+
+    @property
     def data_parallel_only(self) -> bool:
         """Every parameter replicated everywhere and no tensor parallelism: each rank runs the whole
         graph on its micro-batch, whatever the axes are called (an fsdp axis that shards nothing is dp)."""
-        return (not self.tp_modules and not self.layer_places
-                and all(p == "R" for spec in self.storage.values() for p in spec))
+        return not self.tensor_parallel and all(p == "R" for spec in self.storage.values() for p in spec)
 
     @property
     def mesh_str(self) -> str:
