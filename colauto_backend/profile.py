@@ -19,6 +19,7 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
+from . import meta
 from .analysis import Analysis
 from .backend import local_backend
 
@@ -103,8 +104,9 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
             for d in range(t.dim()):
                 torch._dynamo.maybe_mark_dynamic(t, d)
     compiled = torch.compile(model, backend=local_backend(config, on_analysis=stop), fullgraph=True)
+    on_meta = meta.on_meta(*example_inputs, *kwargs.values(), next(model.parameters(), None))
     try:
-        with compat.no_duck_sizing():
+        with compat.no_duck_sizing(), meta.gpu_attention(on_meta):   # meta: attention as a GPU runs it
             compiled(*example_inputs, **kwargs)   # stops inside the backend once the analysis exists
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         inner = compat.unwrap_backend_error(exc)

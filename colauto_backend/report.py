@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,28 @@ def warn_once(message: str) -> None:
 def _rank() -> int:
     dist = torch.distributed
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key putting numbered names in numeric order: blocks.2 before blocks.10."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
+
+
+def fold_ranges(names: list[str]) -> list[str]:
+    """Consecutive names that differ only in one number fold to a range, in the order given:
+    model.layers.0 ... model.layers.31 -> model.layers.0-31."""
+    out: list[tuple[str, int, int, str]] = []     # (prefix, first, last, suffix)
+    for name in names:
+        m = re.fullmatch(r"(.*?)(\d+)(\D*)", name)
+        if m is None:
+            out.append((name, -1, -1, ""))
+            continue
+        prefix, n, suffix = m.group(1), int(m.group(2)), m.group(3)
+        if out and out[-1][0] == prefix and out[-1][3] == suffix and out[-1][2] == n - 1 and out[-1][1] >= 0:
+            out[-1] = (prefix, out[-1][1], n, suffix)
+        else:
+            out.append((prefix, n, n, suffix))
+    return [p if a < 0 else f"{p}{a}{suffix}" if a == b else f"{p}{a}-{b}{suffix}" for p, a, b, suffix in out]
 
 
 def fmt_bytes(n: float) -> str:
@@ -70,7 +93,8 @@ def render(data: dict) -> str:
         f"FLOPs fwd {fmt_flops(t['flops_fwd'])}, bwd {fmt_flops(t['flops_bwd'])}; "
         f"predicted peak {fmt_bytes(t['peak_memory_bytes'])} at {t['peak_at']} = parameters "
         f"{fmt_bytes(t['param_bytes'])} + gradients {fmt_bytes(t['grad_bytes'])} + optimizer state "
-        f"{fmt_bytes(t['optimizer_state_bytes'])} + activations and temporaries",
+        f"{fmt_bytes(t['optimizer_state_bytes'])} + activations and temporaries "
+        f"{fmt_bytes(t['peak_memory_bytes'] - t['param_bytes'] - t['grad_bytes'] - t['optimizer_state_bytes'])}",
     ]
     lines += _plan_lines(data.get("plan"))
     unknown = t["unknown_cost_ops"]
@@ -113,34 +137,151 @@ def _plan_lines(plan: dict | None) -> list[str]:
     return lines
 
 
-def render_parallel(plan: dict) -> str:
-    """The parallel plan: chosen mesh, its prediction, and every candidate mesh's."""
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.3f} ms"
+
+
+def _noop_axes(mesh: str, effective: str) -> str:
+    """Why a mesh is another in effect: the axes of it that only split the batch."""
+    kept = dict(a.split("=") for a in effective.split(","))
+    out = []
+    for axis in mesh.split(","):
+        role, size = axis.split("=")
+        if role == "fsdp" and kept.get("fsdp") != size:
+            out.append("the fsdp axis shards no parameter")
+        if role == "tp" and kept.get("tp") != size:
+            out.append("no layer runs tensor-parallel on the tp axis")
+    return " and ".join(out) or "its axes only split the batch"
+
+
+def _separates(c: dict, chosen: dict) -> str:
+    """What makes candidate `c` worse than the chosen plan, in its largest terms."""
+    if not c["fits"]:
+        return f"does not fit ({fmt_bytes(c['memory_bytes'])})"
+    d = c["step_time_s"] - chosen["step_time_s"]
+    if abs(d) < 1e-6:
+        return "same time" + (": same plan in effect" if c["effective_mesh"] == chosen["effective_mesh"]
+                              else "; more axes in effect")
+    parts = [(c.get(k, 0.0) - chosen.get(k, 0.0), name) for k, name in
+             (("compute_s", "compute"), ("comm_s", "exposed comm"), ("recompute_s", "recompute"),
+              ("optimizer_s", "optimizer"))]
+    parts = [f"{name} {delta * 1e3:+,.1f} ms" for delta, name in sorted(parts, key=lambda x: -abs(x[0]))
+             if abs(delta) >= 0.05 * abs(d) and abs(delta) >= 1e-6][:2]
+    return f"{d * 1e3:+,.1f} ms ({d / chosen['step_time_s']:+.1%})" + (": " + ", ".join(parts) if parts else "")
+
+
+def _layer_text(row: dict, effective: str = "") -> str:
+    parts = []
+    if row.get("fsdp") and "fsdp=" in effective:
+        parts.append(f"fsdp {row['fsdp']}")
+    if row.get("tp") and "tp=" in effective:
+        parts.append(f"tp {row['tp']}")
+    return ", ".join(parts) or "replicated"
+
+
+def layer_lines(rows: list[dict], effective: str = "fsdp=,tp=") -> list[str]:
+    """Layers in model order, consecutive ones placed alike folded: model.layers.0-31: fsdp sharded."""
+    runs: list[tuple[str, list[str]]] = []
+    for row in rows:
+        text = _layer_text(row, effective)
+        if runs and runs[-1][0] == text:
+            runs[-1][1].append(row["layer"])
+        else:
+            runs.append((text, [row["layer"]]))
+    return [f"  {', '.join(fold_ranges(names))}: {text}" for text, names in runs]
+
+
+def render_parallel(plan: dict, title: str | None = None) -> str:
+    """The parallel plan as one table: the mesh chosen and why, the per-device step split into compute,
+    exposed communication and recompute, peak memory against the budget, every other candidate mesh
+    with what separates it from the choice, and each layer's placement (model order, ranges folded)."""
     p = plan["predicted"]
-    budget = "none" if p["budget_bytes"] is None else fmt_bytes(p["budget_bytes"])
-    lines = [f"colauto parallel plan  mesh {plan['mesh']}  (digest {plan['digest']}, link {p['link']}, "
-             f"solved in {p['solve_s'] * 1e3:.0f} ms)",
-             f"predicted per device: step {p['step_time_s'] * 1e3:.3f} ms = compute {p['compute_s'] * 1e3:.3f} + "
-             f"communication {p['comm_s'] * 1e3:.3f} + recompute {p['recompute_s'] * 1e3:.3f} + optimizer "
-             f"{p['optimizer_s'] * 1e3:.3f}; peak {fmt_bytes(p['memory_bytes'])} of budget {budget} "
-             f"(model state {fmt_bytes(p['state_bytes'])})",
-             "sequential choice (shard, then rematerialize): " + (
-                 "does not fit" if p["sequential_mesh"] is None else
-                 f"{p['sequential_mesh']}, {p['sequential_step_time_s'] * 1e3:.3f} ms"),
-             f"{'candidate mesh':<24} {'step':>11} {'comm':>11} {'recompute':>11} {'peak':>12}"]
-    for c in p["candidates"]:
-        lines.append(f"{c['mesh']:<24} {c['step_time_s'] * 1e3:>9.3f}ms {c['comm_s'] * 1e3:>9.3f}ms "
-                     f"{c['recompute_s'] * 1e3:>9.3f}ms {fmt_bytes(c['memory_bytes']):>12}"
-                     + ("" if c["fits"] else "  (does not fit)"))
-    if p.get("replicated_layers"):
-        lines.append(f"replicated on the fsdp axis (the rest sharded): {', '.join(p['replicated_layers'])}")
+    budget = p["budget_bytes"]
+    cands = p["candidates"]
+    chosen = next((c for c in cands if c["mesh"] == plan["mesh"] and c["step_time_s"] == p["step_time_s"]),
+                  None) or dict(mesh=plan["mesh"], effective_mesh=plan["mesh"], step_time_s=p["step_time_s"],
+                                fits=True, memory_bytes=p["memory_bytes"])
+    chosen.setdefault("effective_mesh", p.get("effective_mesh", plan["mesh"]))
+    eff = p.get("effective_mesh", plan["mesh"])
+    lines = [title] if title else []
+    lines.append(f"colauto parallel plan  mesh {plan['mesh']}" +
+                 (f" = {eff} in effect ({_noop_axes(plan['mesh'], eff)})" if eff != plan["mesh"] else "") +
+                 f"  (digest {plan['digest']}, link {p['link']}, solved in {p['solve_s'] * 1e3:.0f} ms)")
+    fitting = [c for c in cands if c["fits"]]
+    if len(cands) == 1:
+        why = "the only mesh asked for (--mesh names every axis's role)"
+    else:
+        others = [c for c in fitting if c["effective_mesh"] != eff]
+        why = f"the fastest of the {len(fitting)} of {len(cands)} candidate meshes that fit"
+        same = [c["mesh"] for c in fitting if c["effective_mesh"] == eff and c["mesh"] != plan["mesh"]]
+        if same:
+            why += (f"; {len(same)} other role assignments are the same plan in effect ({eff}; ties go to the "
+                    "fewest axes in effect, then in the mesh, then the first)")
+        if others:
+            nxt = min(others, key=lambda c: c["step_time_s"])
+            why += f"; next best {nxt['mesh']}: {_separates(nxt, chosen)}"
+    lines.append(f"why: {why}")
+    step = p["step_time_s"]
+    hidden = max(0.0, p.get("comm_total_s", p["comm_s"]) - p["comm_s"])
+    lines += [
+        f"{'per-device step':<24}{_ms(step):>14}",
+        f"{'  compute':<24}{_ms(p['compute_s']):>14}  {p['compute_s'] / step:6.1%}",
+        f"{'  communication exposed':<24}{_ms(p['comm_s']):>14}  {p['comm_s'] / step:6.1%}   "
+        f"(all collectives {_ms(p.get('comm_total_s', p['comm_s']))}; {_ms(hidden)} hidden behind backward)",
+        f"{'  recompute':<24}{_ms(p['recompute_s']):>14}  {p['recompute_s'] / step:6.1%}",
+        f"{'  optimizer':<24}{_ms(p['optimizer_s']):>14}  {p['optimizer_s'] / step:6.1%}",
+        f"{'peak memory':<24}{fmt_bytes(p['memory_bytes']):>14}  " + (
+            "no budget" if budget is None else
+            f"{'fits' if p['memory_bytes'] <= budget else 'DOES NOT FIT'} the budget of {fmt_bytes(budget)} per device")
+        + f"  (model state {fmt_bytes(p['state_bytes'])}: parameters, gradients, optimizer state, gathered "
+          f"copies; activations and temporaries {fmt_bytes(p['memory_bytes'] - p['state_bytes'])})",
+        "sequential choice (shard, then rematerialize): " + (
+            "does not fit" if p["sequential_mesh"] is None else
+            f"{p['sequential_mesh']}, {_ms(p['sequential_step_time_s'])}"),
+    ]
+    # candidates: identical predictions folded into one row; fitting ones by step time
+    rows: dict[tuple, list[dict]] = {}
+    for c in sorted(cands, key=lambda c: (not c["fits"], c["step_time_s"] if c["fits"] else c["memory_bytes"])):
+        u = c.get("uniform") or {}
+        key = (c["effective_mesh"], round(c["step_time_s"], 6), c["memory_bytes"], c["fits"],
+               round(u.get("step_time_s", 0.0), 6), u.get("fits"))
+        rows.setdefault(key, []).append(c)
+    w = max([16] + [len(" ".join(c["mesh"] for c in g)) for g in rows.values() if g[0]["fits"]])
+    w = min(w, 44)
+    lines.append(f"{'candidate mesh':<{w}} {'in effect':<16} {'step':>12} {'comm exp.':>11} {'recompute':>11} "
+                 f"{'peak':>11} {'all-alike step':>15}  vs chosen")
+    unfit = []
+    for group in rows.values():
+        c = group[0]
+        if not c["fits"]:
+            unfit += group
+            continue
+        names = " ".join(x["mesh"] for x in group)
+        u = c.get("uniform")
+        alike = "-" if u is None else (_ms(u["step_time_s"]) if u["fits"] else "no fit")
+        mark = "*" if any(x["mesh"] == plan["mesh"] for x in group) else " "
+        lines.append(f"{names:<{w}} {c['effective_mesh']:<16} {_ms(c['step_time_s']):>12} {_ms(c['comm_s']):>11} "
+                     f"{_ms(c['recompute_s']):>11} {fmt_bytes(c['memory_bytes']):>11} {alike:>15} {mark}"
+                     + ("chosen" if mark == "*" else _separates(c, chosen)))
+    if unfit:
+        least = min(unfit, key=lambda c: c["memory_bytes"])
+        lines.append(f"do not fit ({len(unfit)}; least peak {fmt_bytes(least['memory_bytes'])} on {least['mesh']}): "
+                     + " ".join(c["mesh"] for c in unfit))
+    lines.append("(all-alike: the same mesh with every layer placed the same way; the plan may mix per layer)")
     tp = plan.get("tp_modules") or {}
     if tp:
         lines.append(f"tensor parallel: {sum(r == 'col' for r in tp.values())} column and "
                      f"{sum(r == 'row' for r in tp.values())} row modules")
-    if p.get("tp_off_layers"):
-        lines.append(f"not tensor-parallel (replicated over tp): {', '.join(p['tp_off_layers'])}")
-    if p.get("whole_batch_layers"):
-        lines.append(f"computed on the tp group's whole batch: {', '.join(p['whole_batch_layers'])}")
+    if p.get("layers"):
+        lines.append("layers (model order)")
+        lines += layer_lines(p["layers"], eff)
+    else:
+        if p.get("replicated_layers"):
+            lines.append("replicated on the fsdp axis (the rest sharded): " + ", ".join(fold_ranges(p["replicated_layers"])))
+        if p.get("tp_off_layers"):
+            lines.append("not tensor-parallel (replicated over tp): " + ", ".join(fold_ranges(p["tp_off_layers"])))
+        if p.get("whole_batch_layers"):
+            lines.append("computed on the tp group's whole batch: " + ", ".join(fold_ranges(p["whole_batch_layers"])))
     return "\n".join(lines)
 
 

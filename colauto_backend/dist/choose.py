@@ -34,7 +34,7 @@ import torch
 
 from .. import planner
 from ..analysis import Analysis, layer_of
-from ..report import fmt_bytes
+from ..report import fmt_bytes, natural_key
 from . import layers
 from .comm import Link
 from .mesh import Axes
@@ -94,6 +94,7 @@ class Estimate:
     state_bytes: int             # parameters + gradients + optimizer state + gathered parameters
     fits: bool
     fits_without_remat: bool
+    comm_total_s: float = 0.0    # every collective's time, hidden or not (comm_s is the exposed part)
 
     @property
     def time_s(self) -> float:
@@ -214,7 +215,9 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
         (recompute, freed), fits = _remat(single, s_act, memory - limit)
         memory = int(memory - freed)
     optimizer = single.optimizer_s * trained / max(single.trained_bytes, 1)
-    return Estimate(plan.axes, compute, comm, recompute, optimizer, memory, state, fits, fits and memory_before <= limit)
+    total_comm = sum(c.gather_s + c.tp_s for c in costs.values()) + switches + reduce
+    return Estimate(plan.axes, compute, comm, recompute, optimizer, memory, state, fits,
+                    fits and memory_before <= limit, total_comm)
 
 
 def _remat(single: Single, s_act: float, excess: float) -> tuple[tuple[float, float], bool]:
@@ -325,9 +328,11 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
             f"COLAUTO_MEMORY_BUDGET: no mesh fits {fmt_bytes(budget)} per device; the smallest prediction is "
             f"{fmt_bytes(least.memory_bytes)} ({_mesh(least.axes)}): raise the budget, use more devices or "
             "shrink the batch", int(least.memory_bytes / (1 - planner.HEADROOM)) + 1)
-    # On a tie (to the microsecond) the mesh with fewer axes wins: a dp=2,fsdp=2 that replicates every
-    # layer is dp=4, but reduces its gradients in two collectives, one per axis.
-    joint = min(fitting, key=lambda i: (round(estimates[i].time_s, 6), len(estimates[i].axes)))
+    # On a tie (to the microsecond) the plan with fewer axes in effect wins, then the mesh with fewer
+    # axes: a dp=2,fsdp=2 that replicates every layer is dp=4 in effect (an fsdp axis sharding nothing,
+    # a tp axis splitting no layer, only split the batch), but reduces its gradients in two collectives.
+    effective = [effective_axes(p) for p in plans]
+    joint = min(fitting, key=lambda i: (round(estimates[i].time_s, 6), len(effective[i]), len(estimates[i].axes)))
     chosen = estimates[joint]
     predicted = {
         "step_time_s": chosen.time_s, "compute_s": chosen.compute_s, "comm_s": chosen.comm_s,
@@ -338,13 +343,61 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
         "sequential_step_time_s": None if sequential is None else sequential.time_s,
         "replicated_layers": replicated[joint],
         "tp_off_layers": _tp_off(plans[joint], params, layout(plans[joint].axes)),
-        "whole_batch_layers": sorted(g for g, p in plans[joint].layer_places.items() if p == "R"),
-        "candidates": [dict(mesh=_mesh(e.axes), step_time_s=e.time_s, comm_s=e.comm_s, recompute_s=e.recompute_s,
-                            memory_bytes=e.memory_bytes, fits=e.fits, replicated_layers=len(r))
-                       for e, r in zip(estimates, replicated)],
+        "whole_batch_layers": sorted((g for g, p in plans[joint].layer_places.items() if p == "R"), key=natural_key),
+        "comm_total_s": chosen.comm_total_s,
+        "effective_mesh": _mesh(effective[joint]),
+        "layers": layer_rows(plans[joint], params, layout(plans[joint].axes)),
+        "candidates": [dict(mesh=_mesh(e.axes), effective_mesh=_mesh(a), step_time_s=e.time_s, compute_s=e.compute_s,
+                            comm_s=e.comm_s, comm_total_s=e.comm_total_s, recompute_s=e.recompute_s,
+                            optimizer_s=e.optimizer_s, memory_bytes=e.memory_bytes, state_bytes=e.state_bytes,
+                            fits=e.fits, replicated_layers=len(r), uniform=_brief(u))
+                       for e, a, r, u in zip(estimates, effective, replicated, uniform_estimates)],
         "solve_s": time.perf_counter() - start,
     }
     return dataclasses.replace(plans[joint], predicted=predicted)
+
+
+def effective_axes(plan: ParallelPlan) -> Axes:
+    """The mesh the plan is in effect: an fsdp axis that shards no parameter and a tp axis on which no
+    layer runs tensor-parallel or on the tp group's whole batch only split the batch, as dp does; all
+    such axes and dp merge into one dp axis of their product."""
+    dp, kept = 1, []
+    for i, (role, size) in enumerate(plan.axes):
+        batch_only = (role == "dp" or (role == "fsdp" and all(s[i] == "R" for s in plan.storage.values()))
+                      or (role == "tp" and not plan.tensor_parallel))
+        if batch_only:
+            dp *= size
+        else:
+            kept.append((role, size))
+    return tuple(([("dp", dp)] if dp > 1 or not kept else []) + kept)
+
+
+def layer_rows(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout) -> list[dict]:
+    """Per layer (parameter group), in the order the model holds them: its parameter bytes and how the
+    plan runs it on each axis that can differ by layer (fsdp: sharded or replicated; tp: tensor-parallel
+    or not, and whether it computes on the tp group's whole batch)."""
+    axes = [r for r, _ in plan.axes]
+    rows: dict[str, dict] = {}
+    for fqn, p in params.items():
+        g = param_group(fqn)
+        row = rows.setdefault(g, {"layer": g, "param_bytes": 0, "sharded": False, "tp": False})
+        row["param_bytes"] += p.numel() * p.element_size()
+        if "fsdp" in axes and plan.storage[fqn][axes.index("fsdp")] != "R":
+            row["sharded"] = True
+        if "tp" in axes and plan.compute[fqn][axes.index("tp")] != "R" and fqn in tp.roles:
+            row["tp"] = True
+    for row in rows.values():
+        row["fsdp"] = ("sharded" if row.pop("sharded") else "replicated") if "fsdp" in axes else None
+        on = row.pop("tp")
+        row["tp"] = None if "tp" not in axes else (
+            "tensor-parallel" if on else "whole batch" if plan.layer_places.get(row["layer"]) == "R" else "replicated")
+    return list(rows.values())
+
+
+def _brief(e: Estimate) -> dict:
+    """The uniform plan of a mesh (every layer alike) in a few numbers, for the report."""
+    return dict(step_time_s=e.time_s, comm_s=e.comm_s, comm_total_s=e.comm_total_s, recompute_s=e.recompute_s,
+                memory_bytes=e.memory_bytes, fits=e.fits)
 
 
 def _replicated(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout) -> list[str]:
@@ -352,8 +405,9 @@ def _replicated(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayou
     if "fsdp" not in dict(plan.axes):
         return []
     axis = [r for r, _ in plan.axes].index("fsdp")
-    return sorted(g for g, fqns in groups(params, tp).items()
-                  if any(params[f].dim() for f in fqns) and all(plan.storage[f][axis] == "R" for f in fqns))
+    return sorted((g for g, fqns in groups(params, tp).items()
+                   if any(params[f].dim() for f in fqns) and all(plan.storage[f][axis] == "R" for f in fqns)),
+                  key=natural_key)
 
 
 def _tp_off(plan: ParallelPlan, params: dict, tp: TPLayout) -> list[str]:
@@ -361,7 +415,8 @@ def _tp_off(plan: ParallelPlan, params: dict, tp: TPLayout) -> list[str]:
     if "tp" not in dict(plan.axes):
         return []
     axis = [r for r, _ in plan.axes].index("tp")
-    return sorted({param_group(f) for f in tp.roles if f in plan.compute and plan.compute[f][axis] == "R"})
+    return sorted({param_group(f) for f in tp.roles if f in plan.compute and plan.compute[f][axis] == "R"},
+                  key=natural_key)
 
 
 def _sequential(estimates: list[Estimate]) -> Estimate | None:

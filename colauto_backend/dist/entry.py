@@ -13,7 +13,7 @@ import torch.fx as fx
 from torch.distributed.tensor import DTensor
 
 from .. import _torch_compat as compat
-from .. import planner, report
+from .. import meta, planner, progress, report
 from ..config import Config, ConfigError
 from ..parallel import data
 from . import _dtensor_rules, choose, comm, emit, mesh, strategy
@@ -120,6 +120,7 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     it runs the captured graph as it is, while sharded plans still re-trace the model under DTensor
     (colauto_backend/dist/emit.py), which fails on many models as transformers ships them."""
     from ..backend import analyze_only   # local import: the backend imports this module
+    progress.say("costing the joint forward+backward graph (AOTAutograd, cost model, rematerialization)")
     with torch.enable_grad():    # plan for training, even when the first call is an evaluation
         analysis = analyze_only(config, gm, example_inputs)
     _register_rules()
@@ -145,6 +146,7 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     if config.memory_budget is None:   # unset: leave room for NCCL's buffers and allocator fragmentation
         budget = int(budget * DEFAULT_BUDGET_FRACTION)
     def pick(meshes: list) -> ParallelPlan:
+        progress.say(f"planning: {len(meshes)} candidate meshes, each with its per-layer placement and recomputation")
         return choose.choose(meshes, params, lambda size: strategy.tp_layout(gm, names, size), analysis, link, budget)
     data_parallel = [axes for axes in candidates if all(role == "dp" for role, _ in axes)]
     if prefer_data_parallel and data_parallel and len(data_parallel) < len(candidates):
@@ -167,10 +169,14 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
 
     def backend(gm, inputs):
         names, params = graph_params(gm, inputs)
+        progress.say(f"captured: {sum(1 for _ in gm.graph.nodes)} graph nodes, {len(params)} parameters")
         plans.append(plan_graph(gm, inputs, names, params, config, mesh.candidates(config.mesh, world)))
         raise _Planned()
+    on_meta = meta.on_meta(*example_inputs, *(kwargs or {}).values(), next(model.parameters(), None))
+    progress.say("capturing the training step (Dynamo)")
     try:
-        torch.compile(model, backend=backend, fullgraph=True)(*example_inputs, **(kwargs or {}))
+        with meta.gpu_attention(on_meta):     # a meta model: attention as a GPU runs it
+            torch.compile(model, backend=backend, fullgraph=True)(*example_inputs, **(kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         inner = compat.unwrap_backend_error(exc)
         if not isinstance(inner, _Planned):

@@ -1,0 +1,170 @@
+"""`python -m colauto_backend explain` as a user runs it: from a directory outside the repository, on
+transformers configs of several families (a config.json path, and a model id in a local Hugging Face
+cache), built on the meta device, planned for 8 and 512 devices; and every mistake is one line."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+LIMIT_S = 30.0          # issue 17: each plan finishes in under 30 s on 2 cores
+
+# moderate shapes of four families: GQA (llama, qwen2), a fused qkv with parallel residual (gpt_neox),
+# Conv1D projections with learned positions (gpt2)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                                       num_attention_heads=8, num_key_value_heads=4, vocab_size=4096,
+                                                       max_position_embeddings=2048)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                                                       num_attention_heads=8, num_key_value_heads=2, vocab_size=4096,
+                                                       max_position_embeddings=2048, tie_word_embeddings=True)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=256, intermediate_size=1024,
+                                                              num_hidden_layers=4, num_attention_heads=8,
+                                                              vocab_size=4096, max_position_embeddings=2048)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=256, n_layer=4, n_head=8, vocab_size=4096,
+                                                    n_positions=1024, bos_token_id=0, eos_token_id=0)),
+}
+
+
+def _env(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLAUTO_", "HF_", "TRANSFORMERS_"))}
+    # an empty Hugging Face cache of our own, offline: nothing can be downloaded
+    return env | {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def explain(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "colauto_backend", "explain", *args], cwd=tmp_path,
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    return proc, time.perf_counter() - start
+
+
+def write_config(path, family: str, **overrides) -> str:
+    cls, arch, shape = FAMILIES[family]
+    config = getattr(transformers, cls)(**(shape | overrides), dtype="bfloat16")
+    config.architectures = [arch]
+    config.save_pretrained(path)
+    return str(path / "config.json")
+
+
+def cache_model_id(tmp_path, repo: str, family: str) -> str:
+    """A model id whose config is in the local Hugging Face hub cache (the layout huggingface_hub writes)."""
+    root = tmp_path / "hf" / "hub" / f"models--{repo.replace('/', '--')}"
+    snapshot = root / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    write_config(snapshot, family)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("0" * 40)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("configs")
+    return {family: write_config(base / family, family) for family in FAMILIES}
+
+
+def _check_plan(proc, wall, devices):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert wall < LIMIT_S, wall
+    plan = json.loads(proc.stdout)
+    p = plan["predicted"]
+    # the plan fits the budget it reports, on a mesh of exactly that many devices
+    assert p["budget_bytes"] is not None and p["memory_bytes"] <= p["budget_bytes"], p
+    sizes = [int(axis.split("=")[1]) for axis in plan["mesh"].split(",")]
+    assert plan["devices"] == devices and eval("*".join(map(str, sizes))) == devices
+    assert p["step_time_s"] > 0 and any(c["mesh"] == plan["mesh"] for c in p["candidates"])
+    # progress on stderr, with elapsed seconds
+    assert "capturing" in proc.stderr and "planning" in proc.stderr and " s] " in proc.stderr
+    return plan
+
+
+@pytest.mark.parametrize("devices", [8, 512])
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "gpt2"])
+def test_hf_config_path_from_outside_the_repo(tmp_path, configs, family, devices):
+    proc, wall = explain(tmp_path, "--model", configs[family], "--batch", "2", "--seq", "512",
+                         "--devices", str(devices), "--device", "h100", "--json")
+    plan = _check_plan(proc, wall, devices)
+    assert plan["dtype"] == "bfloat16" and FAMILIES[family][1] in plan["model"]
+    layers = [row["layer"] for row in plan["predicted"]["layers"]]
+    numbered = [int(name.rsplit(".", 1)[1]) for name in layers if name.rsplit(".", 1)[-1].isdigit()]
+    assert numbered == [0, 1, 2, 3] and not layers[0][-1].isdigit()     # model order: embeddings, then blocks
+
+
+@pytest.mark.parametrize("devices", [8, 512])
+def test_model_id_in_the_local_cache(tmp_path, devices):
+    repo = cache_model_id(tmp_path, "example-org/tiny-qwen2", "qwen2")
+    proc, wall = explain(tmp_path, "--model", repo, "--batch", "2", "--seq", "512", "--devices", str(devices),
+                         "--json")
+    plan = _check_plan(proc, wall, devices)
+    assert "Qwen2ForCausalLM" in plan["model"]
+
+
+def test_zoo_names_and_the_table_from_outside_the_repo(tmp_path):
+    """The zoo resolves from the package's location; the table reads in model order with ranges folded."""
+    proc, wall = explain(tmp_path, "--model", "llama:tiny", "--batch", "2", "--seq", "64", "--mesh", "2x4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for part in ("mesh ", "why:", "compute", "communication exposed", "recompute", "peak memory", "fits the budget",
+                 "candidate mesh", "layers (model order)"):
+        assert part in out, part
+    assert "blocks.0-1" in out and "blocks.0," not in out
+    proc, _ = explain(tmp_path, "--model", "hf:gpt2", "--batch", "2", "--seq", "64")
+    assert proc.returncode == 0 and "memory budget" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_help_shows_defaults(tmp_path):
+    proc, _ = explain(tmp_path, "--help")
+    assert proc.returncode == 0 and "(default: h100)" in proc.stdout and "(default: 1)" in proc.stdout
+
+
+def test_forced_mesh_that_replicates_everything_names_its_effective_mesh(tmp_path, configs):
+    """A 2x4 mesh whose plan shards nothing and runs nothing tensor-parallel is dp=8 in effect: it says so,
+    and every candidate shows its own numbers (its all-alike plan differs)."""
+    proc, _ = explain(tmp_path, "--model", configs["llama"], "--batch", "2", "--seq", "256", "--mesh", "2x4",
+                      "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)
+    p = plan["predicted"]
+    for c in p["candidates"]:
+        assert c["effective_mesh"] and "uniform" in c and c["comm_total_s"] >= c["comm_s"]
+    chosen = next(c for c in p["candidates"] if c["mesh"] == plan["mesh"])
+    assert p["effective_mesh"] == chosen["effective_mesh"]
+    tied = [c for c in p["candidates"] if c["fits"] and abs(c["step_time_s"] - p["step_time_s"]) < 1e-6]
+    # ties go to the fewest axes in effect
+    assert min(len(c["effective_mesh"].split(",")) for c in tied) == len(p["effective_mesh"].split(","))
+    if p["effective_mesh"] != plan["mesh"]:
+        assert f"= {p['effective_mesh']} in effect" in "\n".join(plan["table"])
+
+
+MISTAKES = {
+    "unknown model": (["--model", "nosuchmodel"], "nosuchmodel"),
+    "unknown size": (["--model", "gpt2:7t"], "gpt2:1.5b"),
+    "unknown hf zoo model": (["--model", "hf:nosuch"], "hf:NAME"),
+    "missing config path": (["--model", "missing/config.json"], "no such file"),
+    "sequence too long": (["--model", "gpt2:tiny", "--seq", "1024"], "--seq 256 or less"),
+    "bad mesh": (["--mesh", "2x"], "--mesh '2x' is not valid"),
+    "mismatched devices": (["--mesh", "2x4", "--devices", "16"], "has 8 devices but --devices is 16"),
+    "auto without devices": (["--mesh", "auto"], "--devices N"),
+    "bad budget": (["--budget", "lots", "--devices", "2"], "--budget 'lots' is not valid"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_mistakes_are_one_line(tmp_path, mistake):
+    args, hint = MISTAKES[mistake]
+    proc, _ = explain(tmp_path, *args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("colauto explain: ") and hint in lines[0], lines[0]
+
+
+def test_sequence_longer_than_an_hf_configs_positions(tmp_path):
+    path = write_config(tmp_path / "short", "gpt2", n_positions=128)
+    proc, _ = explain(tmp_path, "--model", path, "--seq", "512")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and "128 positions" in lines[0] and "--seq 128 or less" in lines[0], proc.stderr
