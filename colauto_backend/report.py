@@ -166,7 +166,7 @@ def _separates(c: dict, chosen: dict) -> str:
              (("compute_s", "compute"), ("comm_s", "exposed comm"), ("recompute_s", "recompute"),
               ("optimizer_s", "optimizer"))]
     parts = [f"{name} {delta * 1e3:+,.1f} ms" for delta, name in sorted(parts, key=lambda x: -abs(x[0]))
-             if abs(delta) >= 0.05 * abs(d) and abs(delta) >= 1e-6][:2]
+             if abs(delta) >= 0.05 * abs(d) and abs(delta) >= 1e-6][:3]
     return f"{d * 1e3:+,.1f} ms ({d / chosen['step_time_s']:+.1%})" + (": " + ", ".join(parts) if parts else "")
 
 
@@ -208,15 +208,17 @@ def render_parallel(plan: dict, title: str | None = None) -> str:
                  (f" = {eff} in effect ({_noop_axes(plan['mesh'], eff)})" if eff != plan["mesh"] else "") +
                  f"  (digest {plan['digest']}, link {p['link']}, solved in {p['solve_s'] * 1e3:.0f} ms)")
     fitting = [c for c in cands if c["fits"]]
+    step = p["step_time_s"]
     if len(cands) == 1:
         why = "the only mesh asked for (--mesh names every axis's role)"
     else:
         others = [c for c in fitting if c["effective_mesh"] != eff]
         why = f"the fastest of the {len(fitting)} of {len(cands)} candidate meshes that fit"
-        same = [c["mesh"] for c in fitting if c["effective_mesh"] == eff and c["mesh"] != plan["mesh"]]
+        same = [c["mesh"] for c in fitting if c["effective_mesh"] == eff and c["mesh"] != plan["mesh"]
+                and abs(c["step_time_s"] - step) < 1e-6]
         if same:
-            why += (f"; {len(same)} other role assignments are the same plan in effect ({eff}; ties go to the "
-                    "fewest axes in effect, then in the mesh, then the first)")
+            why += (f"; tied with {', '.join(same)}, the same plan in effect ({eff}): ties go to the fewest "
+                    "axes in effect, then in the mesh, then the first listed")
         if others:
             nxt = min(others, key=lambda c: c["step_time_s"])
             why += f"; next best {nxt['mesh']}: {_separates(nxt, chosen)}"

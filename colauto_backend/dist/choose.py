@@ -103,8 +103,9 @@ class Estimate:
 
 def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link) -> tuple[float, ...]:
     """(bytes stored, bytes used in compute, gather seconds, gradient-reduction seconds, bytes stored that
-    train) of one parameter on the rank holding the largest shard (torch.chunk's first). A frozen one
-    has no gradient to reduce and no optimizer state."""
+    train) of one parameter on the rank holding the largest shard (torch.chunk's first), each of its
+    collectives issued alone (its own ring latency). A frozen one has no gradient to reduce and no
+    optimizer state."""
     place = plan.layer_places.get(param_group(fqn), "S")
     here, whole, gather, reduce = _param_cost(plan.axes, plan.storage[fqn], plan.compute[fqn], place,
                                               tuple(p.shape), p.element_size(), link)
@@ -124,10 +125,13 @@ def _param_cost(axes: Axes, storage: tuple, compute: tuple, place: str, shape: t
     # a parameter replicated over tp whose layer sees batch shards there gets partial gradients: reduce
     # them over tp too (a layer computed redundantly over tp, "R", gets whole ones)
     tp = next((n for (r, n), pl in zip(axes, compute) if r == "tp" and pl == "R"), 1) if place == "S" else 1
+    rest = {"dp"} | ({"tp"} if tp > 1 else set())
     if sharded:   # gathered for use; gradient reduce-scattered over fsdp, then all-reduced over dp (and tp)
-        return here, whole, link.all_gather(whole, fsdp), link.reduce_scatter(whole, fsdp) + link.all_reduce(
+        f, r = link.over(axes, {"fsdp"}), link.over(axes, rest)
+        return here, whole, f.all_gather(whole, fsdp), f.reduce_scatter(whole, fsdp) + r.all_reduce(
             whole / fsdp, dp * tp)
-    return here, whole, 0.0, link.all_reduce(whole, fsdp * dp * tp)   # replicated on every data axis
+    # replicated on every data axis
+    return here, whole, 0.0, link.over(axes, rest | {"fsdp"}).all_reduce(whole, fsdp * dp * tp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +157,7 @@ def layer_cost(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str
     tp-fold; "S": as on one device; "R": the tp group's whole batch, tp-fold), and its tp collectives."""
     c = np.sum([param_cost(plan, f, params[f], link) for f in fqns], axis=0) if fqns else np.zeros(5)
     n_tp = dict(plan.axes).get("tp", 1)
+    link = link.over(plan.axes, {"tp"})      # the tp collectives below
     seconds, matmul = single.layers.get(group, (0.0, 0.0))
     io = tp.layers.get(group, LayerIO())
     saved = single.transient_bytes * io.total_bytes / max(tp.total_bytes, 1)   # its share of the activations
@@ -176,6 +181,7 @@ def switch_cost(plan: ParallelPlan, group: str, tp: TPLayout, link: Link, before
     n_tp = dict(plan.axes).get("tp", 1)
     if before == after or n_tp == 1:
         return 0.0
+    link = link.over(plan.axes, {"tp"})
     b = tp.layers.get(group, LayerIO()).input_bytes * n_tp
     return link.all_reduce(b, n_tp) if after == "R" else link.all_gather(b, n_tp)
 
