@@ -10,16 +10,14 @@ import os
 import subprocess
 import sys
 
+from torchrun import ROOT, torchrun
+
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "train_worker.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def launch(tmp_path, nproc: int, runs: list[str], extra_env: dict | None = None) -> list[list[dict]]:
     """Per rank, the worker's results for each run."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")} | (extra_env or {})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(29500 + nproc + os.getpid() % 1000), WORKER, "--out", str(tmp_path), "--checkpoint", *runs]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    proc = torchrun(nproc, [WORKER, "--out", str(tmp_path), "--checkpoint", *runs], env=extra_env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.load(open(tmp_path / f"rank{r}.json")) for r in range(nproc)]
 
@@ -105,9 +103,7 @@ def test_example_script_under_torchrun_trains_like_one_process():
     process on the global batch of 8, and the parallel plan when COLAUTO_REPORT=1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")}
     script = os.path.join(ROOT, "examples", "train_gpt2.py")
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                          str(29700 + os.getpid() % 1000), script, "--batch", "4", "--steps", "3"],
-                         cwd=ROOT, env=env | {"COLAUTO_REPORT": "1"}, capture_output=True, text=True, timeout=900)
+    two = torchrun(2, [script, "--batch", "4", "--steps", "3"], env={"COLAUTO_REPORT": "1"}, timeout=900)
     one = subprocess.run([sys.executable, script, "--batch", "8", "--steps", "3"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert two.returncode == 0 and one.returncode == 0, two.stderr[-3000:] + one.stderr[-3000:]

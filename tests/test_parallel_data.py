@@ -9,13 +9,11 @@ within 1e-4, and every rank holds the same parameters.
 """
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from torchrun import torchrun
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist", "hf_worker.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CAUSAL = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "gpt_neox", "opt", "falcon"]
 # gpt2 has a graph break (two graphs, each reducing its own gradients) and is compiled inside a module
@@ -35,10 +33,7 @@ RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+i
 
 
 def launch(tmp_path, nproc: int, runs: list[str]) -> list[list[dict]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(29300 + nproc + os.getpid() % 1000), WORKER, "--out", str(tmp_path), *runs]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    proc = torchrun(nproc, [WORKER, "--out", str(tmp_path), *runs], timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.load(open(tmp_path / f"rank{r}.json")) for r in range(nproc)]
 
@@ -103,11 +98,9 @@ def test_dist_compare_bench_runs_an_hf_model(tmp_path):
     """The README's multi-GPU bench command, on CPU (2 gloo ranks, tiny HF Llama): colauto (automatic
     plan, codegen inductor), DDP and FSDP2, all compiled, each a result without an error, and the same
     training (the loss after the same steps on the same data)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(29400 + os.getpid() % 1000), "-m", "bench.dist_compare", "--model", "hf/llama:tiny", "--batch", "2",
-           "--seq", "16", "--steps", "2", "--warmup", "1", "--configs", "colauto,ddp,fsdp2", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = torchrun(2, ["-m", "bench.dist_compare", "--model", "hf/llama:tiny", "--batch", "2", "--seq", "16",
+                        "--steps", "2", "--warmup", "1", "--configs", "colauto,ddp,fsdp2", "--out", str(tmp_path)],
+                    timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     got = {json.load(open(p))["config"]: json.load(open(p)) for p in tmp_path.glob("*.json")}
     assert set(got) == {"colauto", "ddp", "fsdp2"}, got.keys()

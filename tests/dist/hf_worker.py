@@ -10,6 +10,7 @@ the reference losses, a checksum of the trained parameters, and the error if it 
 """
 import argparse
 import copy
+import datetime
 import json
 import os
 import sys
@@ -30,7 +31,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=16, help="sequence length (image side for vision models)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))   # a hang fails, named
     os.makedirs(args.out, exist_ok=True)
     results = []
     for spec in args.runs:

@@ -12,9 +12,11 @@ MODEL+frozen freezes one parameter in both models.
 """
 import argparse
 import copy
+import datetime
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -35,9 +37,14 @@ def main() -> None:
     ap.add_argument("--checkpoint", action="store_true", help="also round-trip torch.distributed.checkpoint")
     args = ap.parse_args()
 
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))   # a hang fails, named
     os.makedirs(args.out, exist_ok=True)
-    results = [run(spec, args) for spec in args.runs]
+    results = []
+    for spec in args.runs:
+        start = time.perf_counter()
+        results.append(run(spec, args) | {"seconds": time.perf_counter() - start})
+        if dist.get_rank() == 0:
+            print(f"{spec}: {results[-1]['seconds']:.1f} s", flush=True)
     with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
