@@ -172,7 +172,8 @@ def _kind(cls_name: str) -> str:
 
 
 def _config_dtype(config) -> torch.dtype:
-    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    # transformers 5 names it dtype (reading torch_dtype there warns); 4.x torch_dtype
+    value = getattr(config, "dtype") if hasattr(config, "dtype") else getattr(config, "torch_dtype", None)
     if isinstance(value, str):
         value = _DTYPES.get(value)
     return value if isinstance(value, torch.dtype) and value.is_floating_point else torch.float32

@@ -71,7 +71,7 @@ class Profile:
 
     def report(self) -> str:
         from . import report
-        return report.render(report.summary(self._analysis, self._subs()))
+        return report.shown(report.summary(self._analysis, self._subs()))
 
     def _subs(self) -> dict:
         back = {str(v): k for k, v in self._analysis.names.items()}
@@ -90,7 +90,8 @@ def _make(analysis: Analysis, subs: dict, arg_names: list[str], timings: dict) -
 def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
             kwargs: dict | None = None) -> tuple[Analysis, list[str]]:
     """Run Dynamo + AOTAutograd + the cost model (and planner) on `model`, stopping before any kernel."""
-    config = cfg.load(options)
+    # the profile is returned to the caller, who prints it (Profile.report) if they want it
+    config = dataclasses.replace(cfg.load(options), report=None)
     kwargs = kwargs or {}
     arg_names = [p for p in inspect.signature(model.forward).parameters][: len(example_inputs)]
     captured: list[Analysis] = []

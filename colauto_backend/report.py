@@ -103,13 +103,28 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
+_SHOWN: set[str] = set()     # cost-model tables this process has printed (emit, Profile.report)
+
+
+def shown(data: dict) -> str:
+    """The table of `data`, recorded as printed, so a later emission of the same one (whatever the time
+    its cost model took) says so in a line instead."""
+    _SHOWN.add(render(dict(data, cost_model_s=0.0)))
+    return render(data)
+
+
 def emit(analysis: "Analysis", setting: str | None) -> None:
-    """Print (setting "1") or write JSON (setting = path) on rank 0; nothing when off."""
+    """Print (setting "1") or write JSON (setting = path) on rank 0; nothing when off. A table this
+    process already printed (the same graph compiled again, or shown by Profile.report) is one line."""
     if setting is None or _rank() != 0:
         return
     data = summary(analysis)
     if setting == "1":
-        print(render(data), flush=True)
+        if render(dict(data, cost_model_s=0.0)) in _SHOWN:
+            print(f"colauto cost model: the same graph as the table above (codegen {data.get('codegen')})",
+                  flush=True)
+            return
+        print(shown(data), flush=True)
     else:
         with open(setting, "w") as f:
             json.dump(data, f, indent=1, default=str)

@@ -168,3 +168,14 @@ def test_sequence_longer_than_an_hf_configs_positions(tmp_path):
     proc, _ = explain(tmp_path, "--model", path, "--seq", "512")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1 and "128 positions" in lines[0] and "--seq 128 or less" in lines[0], proc.stderr
+
+
+def test_collectives_across_hosts_run_at_network_rates():
+    """The NVLink preset holds one host of 8 devices; an axis whose ranks span hosts uses the network."""
+    from colauto_backend.dist import comm
+    link = comm.PRESETS["nvlink-h100"]
+    axes = (("dp", 64), ("fsdp", 8))
+    assert link.over(axes, {"fsdp"}) is link and link.over(axes, {"dp"}) is comm.IB_400G
+    assert link.over((("fsdp", 16),), {"fsdp"}) is comm.IB_400G
+    assert link.over((("dp", 2), ("fsdp", 2), ("tp", 2)), {"dp", "fsdp", "tp"}) is link
+    assert comm.PRESETS["gloo"].over(axes, {"dp"}) is comm.PRESETS["gloo"]

@@ -65,11 +65,13 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     if all(role == "dp" for axes in candidates for role, _ in axes):   # COLAUTO_MESH=dp=N: nothing to choose
         plan = ParallelPlan(candidates[0], {n: ("R",) for n in params}, {n: ("R",) for n in params})
         PLANS.append(plan)
+        announce(plan)
         return _data_parallel(gm, example_inputs, make_local, None)
     plan = plan_graph(gm, example_inputs, names, params, config, candidates,
                       prefer_data_parallel=config.mesh is None)
     check_same_plan(plan)
     PLANS.append(plan)
+    announce(plan)
     report.emit_parallel(plan.to_json(), config.report)
     if plan.data_parallel_only:
         return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
@@ -81,6 +83,26 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     compiled = make_local(data.DataParallel.world_group(reduce_grads=False), _planned_budget(plan))(
         gm, example_inputs)
     return sharded.first_call(compiled, example_inputs)
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def announce(plan: ParallelPlan) -> None:
+    """One line on rank 0, once per distinct plan, whatever COLAUTO_REPORT says: the mesh chosen."""
+    if plan.digest() in _ANNOUNCED or report._rank() != 0:
+        return
+    _ANNOUNCED.add(plan.digest())
+    p = plan.predicted
+    effective = p.get("effective_mesh", plan.mesh_str)
+    line = f"colauto: mesh {plan.mesh_str}" + (f" ({effective} in effect)" if effective != plan.mesh_str else "")
+    if p:
+        budget = "" if p.get("budget_bytes") is None else f" of {report.fmt_bytes(p['budget_bytes'])}"
+        line += (f", predicted {p['step_time_s'] * 1e3:.1f} ms a step and peak {report.fmt_bytes(p['memory_bytes'])}"
+                 f"{budget} per device (COLAUTO_REPORT=1 for the plan)")
+    else:
+        line += " (named by COLAUTO_MESH: data parallelism on the captured graph)"
+    print(line, flush=True)
 
 
 def _data_parallel(gm: fx.GraphModule, example_inputs: list, make_local: Callable, memory_budget) -> Callable:
