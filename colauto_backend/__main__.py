@@ -141,7 +141,10 @@ def _explain(args) -> None:
             print(json.dumps({"model": built.description, "batch": args.batch, "seq": args.seq,
                               "dtype": built.dtype, "device": args.device, "plan": data}, indent=1, default=str))
         else:
-            print("\n".join([title, *report._plan_lines(data)]))
+            step = data.get("step_time_with_s")
+            head = [] if not step else [f"predicted step {report._ms(step)} on one device (add --devices N "
+                                        "for a parallel plan)"]
+            print("\n".join([title, *head, *report._plan_lines(data)]))
         return
     data = plan.to_json()
     if args.json:
