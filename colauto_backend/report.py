@@ -72,7 +72,7 @@ def summary(analysis: "Analysis", subs: dict | None = None) -> dict:
     sizes = {str(analysis.names.get(s, s)): v for s, v in subs.items()}
     return {"device": analysis.device.name, "codegen": analysis.codegen, "optimizer": analysis.optimizer, "sizes": sizes,
             "totals": totals, "layers": analysis.layers(subs, ev),
-            "cost_model_s": analysis.cost_s,
+            "cost_model_s": analysis.cost_s, "comm_ops": analysis.costs.comm_ops(),
             "plan": analysis.plan.to_dict() if analysis.plan is not None else None}
 
 
@@ -97,6 +97,10 @@ def render(data: dict) -> str:
         f"{fmt_bytes(t['peak_memory_bytes'] - t['param_bytes'] - t['grad_bytes'] - t['optimizer_state_bytes'])}",
     ]
     lines += _plan_lines(data.get("plan"))
+    comm = data.get("comm_ops") or {}
+    if comm:
+        lines.append("communication (collectives in this graph, timed by their bytes here; the parallel plan costs "
+                     "them on the interconnect): " + ", ".join(f"{op} x{n}" for op, n in sorted(comm.items())))
     unknown = t["unknown_cost_ops"]
     lines.append("ops of unknown cost (timed by bytes only): " +
                  (", ".join(f"{op} x{n}" for op, n in sorted(unknown.items())) if unknown else "none"))
@@ -180,9 +184,11 @@ def _separates(c: dict, chosen: dict) -> str:
     parts = [(c.get(k, 0.0) - chosen.get(k, 0.0), name) for k, name in
              (("compute_s", "compute"), ("comm_s", "exposed comm"), ("recompute_s", "recompute"),
               ("optimizer_s", "optimizer"))]
-    parts = [f"{name} {delta * 1e3:+,.1f} ms" for delta, name in sorted(parts, key=lambda x: -abs(x[0]))
+    def signed(seconds: float) -> str:
+        return f"{seconds * 1e3:+,.1f} ms" if abs(seconds) >= 1e-4 else f"{seconds * 1e3:+.3f} ms"
+    parts = [f"{name} {signed(delta)}" for delta, name in sorted(parts, key=lambda x: -abs(x[0]))
              if abs(delta) >= 0.05 * abs(d) and abs(delta) >= 1e-6][:3]
-    return f"{d * 1e3:+,.1f} ms ({d / chosen['step_time_s']:+.1%})" + (": " + ", ".join(parts) if parts else "")
+    return f"{signed(d)} ({d / chosen['step_time_s']:+.2%})" + (": " + ", ".join(parts) if parts else "")
 
 
 def _layer_text(row: dict, effective: str = "") -> str:

@@ -214,3 +214,14 @@ def test_report_prints_once_per_graph(capsys):
     assert out.count("colauto cost model  (") == 1, out
     assert "colauto cost model: the same graph as the table above" in out
     assert "activations and temporaries " in out and "activations and temporaries\n" not in out
+
+
+def test_collectives_are_communication_not_unknown_cost():
+    """Under torchrun the per-rank table listed all_reduce and wait_tensor as ops of unknown cost."""
+    import torch
+
+    from colauto_backend.cost import flops
+    for op in (torch.ops._c10d_functional.all_reduce.default, torch.ops._c10d_functional.wait_tensor.default,
+               torch.ops._c10d_functional.all_gather_into_tensor.default):
+        assert flops.classify(op) == "comm"
+    assert flops.classify(torch.ops.aten.mm.default) == "matmul"

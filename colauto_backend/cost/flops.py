@@ -118,7 +118,10 @@ MEMORY_BOUND = {
     aten.permute_copy, aten.split_with_sizes_copy, aten.alias_copy, aten.diagonal_copy,
 }
 
-KINDS = ("matmul", "memory", "view", "unknown")
+KINDS = ("matmul", "memory", "view", "comm", "unknown")
+# functional collectives (and their waits) in a graph: communication, not compute; timed by their bytes in
+# the single-device cost model (the parallel plan costs them with the interconnect model, dist/comm.py)
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
 
 
 def is_aliasing(op: Any) -> bool:
@@ -132,13 +135,16 @@ def is_aliasing(op: Any) -> bool:
 
 
 def classify(op: Any, makes_tensor: bool = True) -> str:
-    """'matmul' (has a FLOP formula), 'memory' (bytes-bound), 'view' (no kernel) or 'unknown'.
+    """'matmul' (has a FLOP formula), 'memory' (bytes-bound), 'view' (no kernel), 'comm' (a functional
+    collective or its wait) or 'unknown'.
 
     Python-level nodes (getitem, SymInt arithmetic such as operator.mul) launch nothing unless they
     produce a tensor, which only an op we do not know would do."""
     if not isinstance(op, torch._ops.OpOverload):
         return "view" if getattr(op, "__name__", "") == "getitem" or not makes_tensor else "unknown"
     packet = op.overloadpacket
+    if op.namespace in COLLECTIVE_NAMESPACES:
+        return "comm"
     if packet in FORMULAS:
         return "matmul"
     if is_aliasing(op):

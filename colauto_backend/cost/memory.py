@@ -50,15 +50,15 @@ REALIZE_READS = 4
 def fused_away(graph: fx.Graph) -> set[fx.Node]:
     """Memory-bound nodes that Inductor computes inside their consumers' kernels, never writing them to
     memory: every consumer (looking through views) is itself memory-bound, there are at most
-    REALIZE_READS of them, and the node is not returned. Matmul-class and unknown ops read
-    materialized buffers."""
+    REALIZE_READS of them, and the node is not returned. Matmul-class, collective and unknown ops
+    read materialized buffers."""
     nodes = [n for n in graph.nodes if n.op == "call_function"]
     returned = set(list(graph.nodes)[-1].all_input_nodes)
     kind = {n: classify(n.target, bool(tensors_in(n.meta.get("val")))) for n in nodes}
     needed: dict[fx.Node, bool] = {}
     for n in reversed(nodes):
         needed[n] = n in returned or any(
-            u.op != "call_function" or kind[u] in ("matmul", "unknown") or (kind[u] == "view" and needed[u])
+            u.op != "call_function" or kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u])
             for u in n.users)
     return {n for n in nodes if kind[n] == "memory" and not needed[n] and len(n.users) <= REALIZE_READS
             and not isinstance(n.meta.get("val"), (tuple, list))}

@@ -26,7 +26,7 @@ META_KEY = "colauto_cost"
 class NodeCost:
     name: str
     op: str
-    kind: str        # matmul | memory | view | unknown (see flops.classify)
+    kind: str        # matmul | memory | view | comm | unknown (see flops.classify)
     phase: str       # fwd | bwd
     module: str      # module path of the forward code this node comes from ("" if none)
     shape: str
@@ -47,9 +47,16 @@ class CostTable:
     half: np.ndarray       # True where the low-precision matmul rate applies
 
     def unknown_ops(self) -> dict[str, int]:
+        return self._count("unknown")
+
+    def comm_ops(self) -> dict[str, int]:
+        """Collectives in the graph (data parallelism's gradient all-reduces, ...) and their waits."""
+        return self._count("comm")
+
+    def _count(self, kind: str) -> dict[str, int]:
         counts: dict[str, int] = {}
         for n in self.nodes:
-            if n.kind == "unknown":
+            if n.kind == kind:
                 counts[n.op] = counts.get(n.op, 0) + 1
         return counts
 
