@@ -117,12 +117,31 @@ def shown(data: dict) -> str:
     return render(data)
 
 
+_BREAKS_SEEN: set[str] = set()
+
+
+def graph_breaks() -> list[str]:
+    """Dynamo's graph-break reasons recorded in this process (first line of each), in order."""
+    from torch._dynamo.utils import counters
+    counters = counters.get("graph_break", {})
+    return [reason.strip().splitlines()[0] for reason in counters]
+
+
 def emit(analysis: "Analysis", setting: str | None) -> None:
     """Print (setting "1") or write JSON (setting = path) on rank 0; nothing when off. A table this
-    process already printed (the same graph compiled again, or shown by Profile.report) is one line."""
+    process already printed (the same graph compiled again, or shown by Profile.report) is one line.
+    A graph break Dynamo recorded since the last table is named before it, with what it means here."""
     if setting is None or _rank() != 0:
         return
     data = summary(analysis)
+    breaks = graph_breaks()
+    data["graph_breaks"] = breaks
+    new = [b for b in breaks if b not in _BREAKS_SEEN]
+    _BREAKS_SEEN.update(new)
+    if setting == "1" and new:
+        print(f"colauto: Dynamo split the step into several graphs at a graph break ({'; '.join(new)}): each "
+              "graph gets its own table and plan, and each is planned under the whole memory budget (the budget "
+              "is not yet shared between the graphs of one step)", flush=True)
     if setting == "1":
         if render(dict(data, cost_model_s=0.0)) in _SHOWN:
             print(f"colauto cost model: the same graph as the table above (codegen {data.get('codegen')})",

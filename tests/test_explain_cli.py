@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 
@@ -197,15 +198,15 @@ def test_collectives_across_hosts_run_at_network_rates():
     assert comm.PRESETS["gloo"].over(axes, {"dp"}) is comm.PRESETS["gloo"]
 
 
-def test_report_prints_once_per_graph(capsys):
+def test_report_prints_once_per_graph(capsys, monkeypatch):
     """COLAUTO_REPORT after Profile.report() on the same model: one table, then one line saying so
     (examples/train_gpt2.py printed the same table three times)."""
-    import torch
-
     import colauto_backend
+    from colauto_backend import report
     from examples.models import build
     model, make = build("gpt2", "tiny")
     x, y = make(2, 32)
+    monkeypatch.setattr(report, "_SHOWN", set())           # tables printed by earlier tests in this process
     prof = colauto_backend.profile(model, x, y, options={"report": "1"})    # capture prints nothing itself
     assert capsys.readouterr().out == ""
     print(prof.report())
@@ -218,10 +219,29 @@ def test_report_prints_once_per_graph(capsys):
 
 def test_collectives_are_communication_not_unknown_cost():
     """Under torchrun the per-rank table listed all_reduce and wait_tensor as ops of unknown cost."""
-    import torch
-
     from colauto_backend.cost import flops
     for op in (torch.ops._c10d_functional.all_reduce.default, torch.ops._c10d_functional.wait_tensor.default,
                torch.ops._c10d_functional.all_gather_into_tensor.default):
         assert flops.classify(op) == "comm"
     assert flops.classify(torch.ops.aten.mm.default) == "matmul"
+
+
+class _Broken(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(h).sum()
+
+
+def test_report_names_a_graph_break(capsys, monkeypatch):
+    from colauto_backend import report
+    monkeypatch.setattr(report, "_BREAKS_SEEN", set())     # breaks named by earlier tests in this process
+    torch._dynamo.reset()
+    torch.compile(_Broken(), backend="colauto", options={"report": "1"})(torch.randn(4, 8)).backward()
+    out = capsys.readouterr().out
+    assert out.count("graph break") == 1 and "torch._dynamo.graph_break()" in out, out
+    assert "whole memory budget" in out and out.count("colauto cost model  (") == 2
