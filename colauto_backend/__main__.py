@@ -26,7 +26,12 @@ from . import cli_models
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+    """Every option's default in --help; options without one (None, off) say in their help what unset means."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,9 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--batch", type=int, default=1, help="micro-batch per rank")
     ex.add_argument("--seq", type=int, default=1024, help="sequence length (image side for image models)")
     ex.add_argument("--mesh", default=None,
-                    help="COLAUTO_MESH form: 8, 2x4, fsdp=2,tp=4, or auto (every mesh of --devices)")
+                    help="COLAUTO_MESH form: 8, 2x4, fsdp=2,tp=4, or auto (every mesh of --devices); unset (and no "
+                         "--devices): the single-device plan")
     ex.add_argument("--devices", type=int, default=None,
-                    help="number of devices to plan for; alone it means --mesh auto")
+                    help="number of devices to plan for; alone it means --mesh auto (unset: the mesh's product)")
     ex.add_argument("--device", default="h100", help="roofline preset: h100, h200, a100, cpu")
     ex.add_argument("--budget", default=None,
                     help="memory per device: 40GiB, a fraction 0.5, or none (default: the device's memory, "
