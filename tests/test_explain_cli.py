@@ -147,7 +147,7 @@ MISTAKES = {
     "unknown size": (["--model", "gpt2:7t"], "gpt2:1.5b"),
     "unknown hf zoo model": (["--model", "hf:nosuch"], "hf:NAME"),
     "missing config path": (["--model", "missing/config.json"], "no such file"),
-    "sequence too long": (["--model", "gpt2:tiny", "--seq", "1024"], "--seq 256 or less"),
+    "sequence too long": (["--model", "gpt2", "--seq", "1024"], "--seq 256 or less"),   # the case
     "bad mesh": (["--mesh", "2x"], "--mesh '2x' is not valid"),
     "mismatched devices": (["--mesh", "2x4", "--devices", "16"], "has 8 devices but --devices is 16"),
     "auto without devices": (["--mesh", "auto"], "--devices N"),
