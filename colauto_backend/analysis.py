@@ -39,6 +39,7 @@ class Analysis:
     fused: bool = False                       # memory modelled for Inductor code (fused intermediates)
     recomputed: frozenset[str] = frozenset()  # forward nodes the backward runs again (the remat plan)
     plan: Any = None                          # the planner.Plan that chose `recomputed`, if any
+    planner: Any = None                       # the planner.Planner of this joint graph (plans other budgets)
     codegen: str = ""                         # the code generation that runs the graph ("inductor (auto)": chosen by device)
 
     def repartitioned(self, fw: fx.GraphModule, bw: fx.GraphModule, *, num_fwd_outputs: int,

@@ -116,8 +116,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             grads = list(bw.graph.nodes)[-1].args[0]
             buffers = frozenset(placeholders[i].name for i in params
                                 if i >= len(grads) or grads[i] is None)   # static, no gradient
-            chosen, graphs, analysis = planner.plan(joint, split, baseline, budget, analysis_for, buffers)
-            analysis = dataclasses.replace(analysis, plan=chosen)
+            remat = planner.Planner(joint, split, baseline, analysis_for, buffers)
+            chosen, graphs, analysis = remat.plan(budget)
+            analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
             publish(analysis)
             return graphs if graphs is not None else (fw, bw)
 

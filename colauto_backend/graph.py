@@ -53,27 +53,55 @@ def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, unit
     nodes = list(nx.lexicographical_topological_sort(dag, key=lambda n: dag.nodes[n]["order"]))
     index = {n: i for i, n in enumerate(nodes)}
     nbytes = [_kept_bytes(n, subs) for n in nodes]
-    quantum = max(1.0, sum(nbytes) / units)
+    keepable = [b for n, b in zip(nodes, nbytes) if _can_keep(n)]
+    quantum = grid_quantum(keepable, units)
     size, time, inputs, needed, can_keep, can_recompute = [], [], [], [], [], []
     reads_buffer: set[fx.Node] = set()
     for n, b in zip(nodes, nbytes):
-        multi = isinstance(n.meta.get("val"), (tuple, list))
         view = isinstance(n.target, torch._ops.OpOverload) and is_aliasing(n.target)
         random = isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
         if (not view and any(a.name in buffers for a in n.all_input_nodes)) or any(
                 a in reads_buffer and isinstance(a.meta.get("val"), (tuple, list)) for a in n.all_input_nodes):
             reads_buffer.add(n)       # the op itself, or a getitem of its tuple
-        size.append(round(b / quantum))   # nearest, so the memory axis stays ~`units` long
+        # nearest, so the memory axis stays ~`units` long; what cannot be kept takes no memory unit
+        size.append(round(b / quantum) if _can_keep(n) else 0)
         time.append(0.0 if view else float(node_time.get(n.name, 0.0)))
         inputs.append(tuple(sorted(index[a] for a in dag.predecessors(n))))
         needed.append(any(is_backward(u) for u in n.users))
-        can_keep.append(not multi and not view)       # a tuple is saved through its getitems; a view through its base
+        can_keep.append(_can_keep(n))
         # a random op would change its values; a pinned one is kept if it can be
         can_recompute.append(not random and n not in reads_buffer and not (n.name in pinned and can_keep[-1]))
     kept = tuple(float((keep_time or {}).get(n.name, 0.0)) for n in nodes)
     problem = RematProblem(tuple(size), tuple(time), tuple(inputs), tuple(needed), tuple(can_keep),
                            tuple(can_recompute), kept)
     return problem, nodes, quantum
+
+
+def _can_keep(n: fx.Node) -> bool:
+    """A tuple is saved through its getitems; a view through its base."""
+    multi = isinstance(n.meta.get("val"), (tuple, list))
+    return not multi and not (isinstance(n.target, torch._ops.OpOverload) and is_aliasing(n.target))
+
+
+# Largest share of the keepable bytes that rounding sizes to memory units may misstate, and how far the
+# grid may be refined to get there (units x 2**REFINE at most: the DP's time grows with the units).
+TOLERANCE = 0.05
+REFINE = 3
+
+
+def grid_quantum(keepable: list[float], units: int = 512) -> float:
+    """Bytes per memory unit: the coarsest of units, 2 units, ... units * 2**REFINE equal parts of the
+    keepable bytes whose rounding misstates at most TOLERANCE of them (else the finest). Only what can be
+    kept counts: views, tuples and values the DP cannot keep no longer coarsen the grid, and a tensor
+    below half a unit (counted as free) must be rare enough to stay within the tolerance."""
+    b = np.asarray(keepable, dtype=np.float64)
+    total = float(b.sum())
+    quantum = 1.0
+    for step in range(REFINE + 1):
+        quantum = max(1.0, total / (units << step))
+        if np.abs(np.round(b / quantum) * quantum - b).sum() <= TOLERANCE * total:
+            break
+    return quantum
 
 
 def _kept_bytes(n: fx.Node, subs: dict) -> float:

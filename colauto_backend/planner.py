@@ -64,6 +64,7 @@ class Plan:
     recomputed: dict[str, list[str]]      # layer -> forward ops the backward runs again
     frontier_points: int = 0
     simulated_plans: int = 0
+    partitions_run: int = 0               # candidate partitions this plan ran (the others were reused)
     quantum_bytes: float = 0.0
     solve_s: float = 0.0                  # problem construction + DP
     plan_s: float = 0.0                   # everything, simulations of candidate plans included
@@ -80,66 +81,88 @@ def resolve_budget(setting: tuple[str, float] | None, device_bytes: int) -> int 
     return None if kind == "none" else int(value * device_bytes) if kind == "fraction" else int(value)
 
 
-def plan(joint: fx.GraphModule, partition: Callable, baseline: Analysis, budget: int | None,
-         analysis_for: Callable[[fx.GraphModule, fx.GraphModule], Analysis],
-         buffers: frozenset[str] = frozenset()) -> tuple[Plan, tuple, Analysis]:
-    """(plan, (fw, bw), analysis of the chosen partition). `partition()` partitions `joint` as tagged;
-    `buffers` are the placeholders of non-trainable module state (see graph.remat_problem)."""
-    start = time.perf_counter()
-    base = baseline.evaluate(baseline.hints)
-    limit = float("inf") if budget is None else budget * (1 - HEADROOM)
-    if base["peak_memory_bytes"] <= limit:
-        return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
-    frontier, nodes, quantum, problem = _solve(joint, baseline, base, buffers)
-    names = [n.name for n in nodes]
-    solve_s = time.perf_counter() - start
-    points = _candidates(len(frontier.memory))
-    # A node the plan may not recompute (random ops, readers of module buffers) is tagged MUST_SAVE where
-    # the DP did not keep it: "never recompute; save if backward reads it". MUST_RECOMPUTE there made
-    # the min-cut partitioner (Inductor and Triton codegen) recompute it in backward anyway: a BatchNorm
-    # re-reading running stats the step had updated in place, or SDPA with its RNG state functionalized.
-    fixed = [not r for r in problem.can_recompute]
-    if baseline.fused:   # each point twice: only its compute-bound decisions, and all of them
-        compute = {c.name for c in baseline.costs.nodes if c.kind == "matmul"}
-        choices = [frontier.choices(p) for p in points]
-        decisions = list(dict.fromkeys(
-            [_tags(ch, nodes, compute, fixed) for ch in choices] + [_tags(ch, nodes, None, fixed) for ch in choices]))
-        bounds = [0.0] * len(decisions)    # min-cut may keep less than the DP did: no bound
-    else:
-        decisions = [tuple(k or f for k, f in zip(frontier.keep(p), fixed)) for p in points]
-        bounds = [(frontier.memory[p] - len(nodes)) * quantum for p in points]
-    # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
-    held = base["param_bytes"] + base["optimizer_state_bytes"] + base["input_bytes"]
-    simulated: dict[tuple, tuple[dict, tuple, Analysis]] = {}
+class Planner:
+    """Plans one captured joint graph at any number of budgets. What does not depend on the budget (the
+    DP's frontier, the candidate set, each candidate's partition and simulated step) is computed at the
+    first budget that needs it and reused, so a second budget costs no partition it has seen."""
 
-    def simulate(keep: tuple) -> None:
-        if keep in simulated:
-            return
-        emit.tag(joint.graph, names, keep)
-        fw, bw = partition()
-        emit.untag(joint.graph)
-        analysis = analysis_for(fw, bw)
-        simulated[keep] = (analysis.evaluate(analysis.hints), (fw, bw), analysis)
+    def __init__(self, joint: fx.GraphModule, partition: Callable, baseline: Analysis,
+                 analysis_for: Callable[[fx.GraphModule, fx.GraphModule], Analysis],
+                 buffers: frozenset[str] = frozenset()) -> None:
+        self.joint, self.partition, self.baseline = joint, partition, baseline
+        self.analysis_for, self.buffers = analysis_for, buffers
+        self.base = baseline.evaluate(baseline.hints)
+        self._candidates: tuple | None = None      # (decisions, lower bounds, frontier, nodes, quantum, solve_s)
+        self._simulated: dict[tuple, tuple[dict, tuple, Analysis]] = {}
 
-    for keep, bound in zip(decisions, bounds):
-        if held + bound <= limit:
-            simulate(keep)
-    fits = [v for v in simulated.values() if v[0]["peak_memory_bytes"] <= limit]
-    if fits:
-        ev, graphs, analysis = min(fits, key=lambda v: v[0]["est_step_time_s"])
-        return (_describe(budget, base, ev, analysis, len(frontier.memory), len(simulated), quantum,
-                          solve_s, start), graphs, analysis)
-    for keep in decisions:      # nothing fits: find the least peak among the candidates to tell the user
-        simulate(keep)
-    least = min((v[0] for v in simulated.values()), key=lambda ev: ev["peak_memory_bytes"])
-    persistent = least["param_bytes"] + least["grad_bytes"] + least["optimizer_state_bytes"]
-    needed = int(least["peak_memory_bytes"] / (1 - HEADROOM)) + 1
-    raise BudgetError(
-        f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt_bytes(budget)} is below the smallest peak "
-        f"colauto found, {fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
-        f"{fmt_bytes(persistent)}, activations and temporaries "
-        f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}) plus {HEADROOM:.1%} headroom; set it to at least "
-        f"{fmt_bytes(needed)}, or shrink the batch", needed)
+    def plan(self, budget: int | None) -> tuple[Plan, tuple | None, Analysis]:
+        """(plan, (fw, bw) or None where the unplanned partition fits, analysis of the chosen partition)."""
+        start, seen = time.perf_counter(), len(self._simulated)
+        base, baseline = self.base, self.baseline
+        limit = float("inf") if budget is None else budget * (1 - HEADROOM)
+        if base["peak_memory_bytes"] <= limit:
+            return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
+        decisions, bounds, frontier, _, quantum, solve_s = self._candidate_set()
+        # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
+        held = base["param_bytes"] + base["optimizer_state_bytes"] + base["input_bytes"]
+        simulated = {}
+        for keep, bound in zip(decisions, bounds):
+            if held + bound <= limit:
+                simulated[keep] = self._simulate(keep)
+        fits = [v for v in simulated.values() if v[0]["peak_memory_bytes"] <= limit]
+        if fits:
+            ev, graphs, analysis = min(fits, key=lambda v: v[0]["est_step_time_s"])
+            described = _describe(budget, base, ev, analysis, len(frontier.memory), len(simulated), quantum,
+                                  solve_s, start)
+            return dataclasses.replace(described, partitions_run=len(self._simulated) - seen), graphs, analysis
+        # nothing fits: find the least peak among the candidates to tell the user
+        least = min((self._simulate(keep)[0] for keep in decisions), key=lambda ev: ev["peak_memory_bytes"])
+        persistent = least["param_bytes"] + least["grad_bytes"] + least["optimizer_state_bytes"]
+        needed = int(least["peak_memory_bytes"] / (1 - HEADROOM)) + 1
+        raise BudgetError(
+            f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt_bytes(budget)} is below the smallest peak "
+            f"colauto found, {fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
+            f"{fmt_bytes(persistent)}, activations and temporaries "
+            f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}) plus {HEADROOM:.1%} headroom; set it to at least "
+            f"{fmt_bytes(needed)}, or shrink the batch", needed)
+
+    def _candidate_set(self) -> tuple:
+        if self._candidates is not None:
+            return self._candidates
+        start = time.perf_counter()
+        baseline = self.baseline
+        frontier, nodes, quantum, problem = _solve(self.joint, baseline, self.base, self.buffers)
+        points = _candidates(len(frontier.memory))
+        # A node the plan may not recompute (random ops, readers of module buffers) is tagged MUST_SAVE
+        # where the DP did not keep it: "never recompute; save if backward reads it". MUST_RECOMPUTE there
+        # made the min-cut partitioner (Inductor and Triton codegen) recompute it in backward anyway: a
+        # BatchNorm re-reading running stats the step had updated in place, or SDPA with its RNG state
+        # functionalized.
+        fixed = [not r for r in problem.can_recompute]
+        if baseline.fused:   # each point twice: only its compute-bound decisions, and all of them
+            compute = {c.name for c in baseline.costs.nodes if c.kind == "matmul"}
+            choices = [frontier.choices(p) for p in points]
+            decisions = list(dict.fromkeys(
+                [_tags(ch, nodes, compute, fixed) for ch in choices] + [_tags(ch, nodes, None, fixed) for ch in choices]))
+            bounds = [0.0] * len(decisions)    # min-cut may keep less than the DP did: no bound
+        else:
+            decisions = [tuple(k or f for k, f in zip(frontier.keep(p), fixed)) for p in points]
+            bounds = [(frontier.memory[p] - len(nodes)) * quantum for p in points]
+        self._candidates = (decisions, bounds, frontier, nodes, quantum, time.perf_counter() - start)
+        return self._candidates
+
+    def _simulate(self, keep: tuple) -> tuple[dict, tuple, Analysis]:
+        """The candidate's partition and its simulated step (computed once per candidate)."""
+        if keep not in self._simulated:
+            names = [n.name for n in self._candidate_set()[3]]
+            emit.tag(self.joint.graph, names, keep)
+            try:
+                fw, bw = self.partition()
+            finally:
+                emit.untag(self.joint.graph)
+            analysis = self.analysis_for(fw, bw)
+            self._simulated[keep] = (analysis.evaluate(analysis.hints), (fw, bw), analysis)
+        return self._simulated[keep]
 
 
 def remat_frontier(joint: fx.GraphModule, baseline: Analysis, base: dict,

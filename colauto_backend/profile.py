@@ -12,6 +12,8 @@ import inspect
 import json
 import math
 import time
+import warnings
+import weakref
 from typing import Any
 
 import sympy
@@ -19,9 +21,10 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
-from . import meta
+from . import meta, planner
 from .analysis import Analysis
 from .backend import local_backend
+from .report import fmt_bytes
 
 
 class _Captured(Exception):
@@ -107,7 +110,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
     compiled = torch.compile(model, backend=local_backend(config, on_analysis=stop), fullgraph=True)
     on_meta = meta.on_meta(*example_inputs, *kwargs.values(), next(model.parameters(), None))
     try:
-        with compat.no_duck_sizing(), meta.gpu_attention(on_meta):   # meta: attention as a GPU runs it
+        with compat.no_duck_sizing(), meta.gpu_attention(on_meta), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
             compiled(*example_inputs, **kwargs)   # stops inside the backend once the analysis exists
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         inner = compat.unwrap_backend_error(exc)
@@ -117,9 +121,19 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
         raise RuntimeError("colauto.profile: the model produced no graph to profile (is forward empty?)")
     analysis = captured[0]
     trainable = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
-    if trainable and analysis.timeline.grads == 0:
-        raise RuntimeError("colauto.profile: the captured backward computes no parameter gradient (on the "
-                           "meta device aten.nll_loss has no autograd); profile a model.to_empty(device='cpu') copy")
+    # An op without an autograd kernel for these tensors (aten.nll_loss on the meta device, in some call
+    # paths) can be traced with a backward that stops there: parameters behind it get no gradient, silently.
+    # It warns; where every trainable parameter still got its gradient, the backward is whole.
+    no_autograd = [str(w.message).split(": ")[0] for w in seen if "autograd kernel was not registered" in str(w.message)]
+    trainable_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    grads = analysis.evaluate(analysis.hints)["grad_bytes"] if trainable else 0
+    if trainable and (grads == 0 or (no_autograd and grads < trainable_bytes)):
+        where = (f"{no_autograd[0]} has no autograd kernel here, and {fmt_bytes(trainable_bytes - grads)} of "
+                 "parameters get no gradient" if no_autograd else "it computes no parameter gradient")
+        raise RuntimeError(f"colauto.profile: the captured backward is incomplete ({where}; aten.nll_loss on the "
+                           "meta device does this); profile a model.to_empty(device='cpu') copy")
+    for w in seen:        # the others reach the caller as they would have
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return analysis, arg_names
 
 
@@ -139,6 +153,30 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
     return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "trace_s": trace_s})
 
 
+# The latest capture explain() made of each model, with what it depends on: another budget for the same
+# model, inputs and settings is planned on it without capturing again (its partitions are reused too).
+_CAPTURES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Analysis]]" = weakref.WeakKeyDictionary()
+
+
+def _captured(model: torch.nn.Module, example_inputs: tuple, options: dict, kwargs: dict | None) -> Analysis:
+    """The unplanned capture of `model` for explain(): reused while the inputs' and parameters' shapes,
+    dtypes and requires_grad, the grad mode and every setting but the budget are the same."""
+    def sig(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return (tuple(v.shape), v.dtype, v.device.type, v.requires_grad)
+        return repr(v)
+    unbudgeted = {**options, "memory_budget": "none"}
+    key = (tuple(sig(v) for v in example_inputs), tuple((k, sig(v)) for k, v in (kwargs or {}).items()),
+           tuple((n, sig(p)) for n, p in model.named_parameters()), torch.is_grad_enabled(),
+           dataclasses.replace(cfg.load(unbudgeted), report=None))
+    cached = _CAPTURES.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    analysis, _ = capture(model, example_inputs, unbudgeted, kwargs)
+    _CAPTURES[model] = (key, analysis)
+    return analysis
+
+
 def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | int | None = None,
             mesh: str | None = None, device: str | None = None, devices: int | None = None,
             options: dict | None = None, kwargs: dict | None = None):
@@ -156,8 +194,12 @@ def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | 
     if device is not None:
         options["device"] = device
     if mesh is None:
-        analysis, _ = capture(model, example_inputs, options, kwargs)
-        return analysis.plan
+        analysis = _captured(model, example_inputs, options, kwargs)
+        if analysis.planner is None:        # an inference graph (no_grad): nothing to recompute
+            return analysis.plan
+        config = cfg.load(options)
+        budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
+        return analysis.planner.plan(budget)[0]
     from .dist import entry
     options["mesh"] = mesh
     config = cfg.load(options)

@@ -228,16 +228,16 @@ def test_layer_dp_equals_brute_force():
 
 
 def test_per_layer_mix_beats_every_uniform_plan(gpt2_124m):
-    """At 9 GiB per device on 4 H100s the DP replicates most blocks and shards the rest: faster than
+    """At 8.5 GiB per device on 4 H100s the DP replicates most blocks and shards the rest: faster than
     the best uniform plan, which the sequential baseline is."""
     model, inputs = gpt2_124m
-    plan = colauto_backend.explain(model, *inputs, mesh="4", device="h100", budget="9GiB")
+    plan = colauto_backend.explain(model, *inputs, mesh="4", device="h100", budget="8.5GiB")
     p = plan.predicted
     blocks = [g for g in p["replicated_layers"] if g.startswith("blocks.")]
     assert plan.mesh_str == "fsdp=4" and 0 < len(blocks) < 12
     assert {spec[0] for spec in plan.storage.values()} >= {"R", "S0"}
     assert p["step_time_s"] < p["sequential_step_time_s"]
-    assert p["memory_bytes"] <= 9 * 2**30
+    assert p["memory_bytes"] <= 8.5 * 2**30
 
 
 def test_mesh_without_torchrun_is_a_clear_error():

@@ -23,8 +23,8 @@ Value: an array over exact memory m of the least time. Visiting node j with stat
     recompute (if allowed):V'[D0 | inputs[j]][m]     <- V[D][m] + time[j]
 Each transition keeps a back-pointer, so any point of the final Pareto frontier (memory, time)
 can be turned back into per-node decisions. Complexity: O(n * S * M) for S states per step and M
-memory units (sizes are quantized so that M stays near `units`); exact for the quantized sizes,
-which the brute-force tests check.
+memory units (sizes are quantized so that M stays near `units`; only keepable nodes take units);
+exact for the quantized sizes, which the brute-force tests check.
 """
 from __future__ import annotations
 
@@ -85,37 +85,40 @@ class Frontier:
 
 
 def solve(p: RematProblem) -> Frontier:
-    """The exact Pareto frontier of (kept memory, recompute time) by the DP in the module docstring."""
-    n, M = len(p.size), sum(p.size)
-    start = np.full(M + 1, INF)
-    start[0] = 0.0
-    values: dict[frozenset, np.ndarray] = {frozenset(): start}
+    """The exact Pareto frontier of (kept memory, recompute time) by the DP in the module docstring.
+    A value array covers only the memory the nodes visited so far can keep (it grows by each kept
+    node's size), and each new state's options are written into one preallocated table."""
+    n = len(p.size)
+    values: dict[frozenset, np.ndarray] = {frozenset(): np.zeros(1)}
     back: list = [None] * n
+    top = 0                               # most memory units the visited nodes can keep
     for j in range(n - 1, -1, -1):
+        size = p.size[j] if p.can_keep[j] else 0
+        top += size
         before = list(values)
-        cands: dict[frozenset, list] = {}
+        cands: dict[frozenset, list] = {}   # state -> [(values, offset, added time, source, choice)]
         for idx, (state, v) in enumerate(values.items()):
             rest = state - {j}
             if not (p.needed[j] or j in state):
-                cands.setdefault(rest, []).append((v, idx, SKIP))
+                cands.setdefault(rest, []).append((v, 0, 0.0, idx, SKIP))
                 continue
             if p.can_keep[j]:
-                shifted = np.full(M + 1, INF)
-                if p.size[j] <= M:
-                    shifted[p.size[j]:] = v[: M + 1 - p.size[j]] + p.keep_time[j]
-                cands.setdefault(rest, []).append((shifted, idx, KEEP))
+                cands.setdefault(rest, []).append((v, size, p.keep_time[j], idx, KEEP))
             if p.can_recompute[j]:
-                cands.setdefault(rest | frozenset(p.inputs[j]), []).append((v + p.time[j], idx, RECOMPUTE))
+                cands.setdefault(rest | frozenset(p.inputs[j]), []).append((v, 0, p.time[j], idx, RECOMPUTE))
         values, table = {}, {}
+        cols = np.arange(top + 1)
         for state, options in cands.items():
-            stack = np.stack([o[0] for o in options])
+            stack = np.full((len(options), top + 1), INF)
+            for row, (v, off, add, _, _) in enumerate(options):
+                stack[row, off:off + len(v)] = v + add if add else v
             best = np.argmin(stack, axis=0)
-            values[state] = stack[best, np.arange(M + 1)]
-            table[state] = (np.array([o[1] for o in options])[best], np.array([o[2] for o in options])[best])
+            values[state] = stack[best, cols]
+            table[state] = (np.array([o[3] for o in options])[best], np.array([o[4] for o in options])[best])
         back[j] = (before, table)
-    final = values.get(frozenset(), np.full(M + 1, INF))
+    final = values.get(frozenset(), np.full(top + 1, INF))
     mems, times, best_t = [], [], INF
-    for m in range(M + 1):            # Pareto points: strictly less time than any smaller memory
+    for m in range(len(final)):       # Pareto points: strictly less time than any smaller memory
         if final[m] < best_t:
             best_t = final[m]
             mems.append(m)
