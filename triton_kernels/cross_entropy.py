@@ -2,11 +2,11 @@
 `_log_softmax` + `nll_loss_forward` and `nll_loss_backward` + `_log_softmax_backward_data` pairs,
 without materializing the [N, V] log-probabilities or a separate [N, V] probability tensor.
 
-Forward: one program per row walks the row in BLOCK-column chunks with an online max and sum
-(logsumexp in one pass, each logit read once), then loads the target's logit:
+Forward: one program per ROWS rows (one where rows are long) walks them in BLOCK-column chunks with an
+online max and sum (logsumexp in one pass, each logit read once), then loads the target's logit:
     lse_i = logsumexp(logits[i]),  loss_i = lse_i - logits[i, target_i]   (0 for ignored rows)
     loss  = sum(loss_i) / count,   count = number of rows whose target != ignore_index
-Backward: one program per row and BLOCK columns, each gradient element read and written once:
+Backward: one program per ROWS rows and BLOCK columns, each gradient element read and written once:
     grad[i, j] = (exp(logits[i, j] - lse_i) - [j == target_i]) * grad_loss / count   (0 for ignored rows)
 
 Semantics are aten's for weight=None, reduction='mean', label_smoothing=0, 2-D logits [N, V] with
@@ -35,56 +35,63 @@ from .tuning import next_pow2
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TARGET_DTYPES = (torch.int64, torch.int32)
 MAX_BLOCK = 4096           # columns per chunk on CUDA: 13 chunks for V=50257
+MAX_ROWS = 16              # rows per program where rows are short (tile rows x block <= MAX_BLOCK)
 _REDUCTIONS = {1: "mean", 0: "none", 2: "sum"}    # aten's reduction enum (torch.nn._reduction)
 
 
 _FORWARD = '''
 @triton.jit
-def kernel(logits_ptr, target_ptr, loss_ptr, lse_ptr, n_cols, row_stride, ignore_index,
-           BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    src = logits_ptr + row * row_stride
+def kernel(logits_ptr, target_ptr, loss_ptr, lse_ptr, n_rows, n_cols, row_stride, ignore_index,
+           BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    src = logits_ptr + rows[:, None] * row_stride
     cols = tl.arange(0, BLOCK)
-    # online logsumexp: running max m and sum s of exp(x - m), rescaled when m grows; a chunk of all
-    # -inf (or the start) keeps the shift at 0 so that no -inf - -inf appears
-    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
-    s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+    # online logsumexp per row: running max m and sum s of exp(x - m), rescaled when m grows; a chunk of
+    # all -inf (or the start) keeps the shift at 0 so that no -inf - -inf appears
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    s = tl.zeros([ROWS], tl.float32)
     for start in range(0, n_cols, BLOCK):
         offs = start + cols
-        x = tl.load(src + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
+        x = tl.load(src + offs[None, :], mask=row_ok[:, None] & (offs[None, :] < n_cols),
+                    other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
         m = m_new
     lse = m + tl.log(s)
-    target = tl.load(target_ptr + row).to(tl.int64)
+    target = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index).to(tl.int64)
     valid = target != ignore_index
     in_range = (target >= 0) & (target < n_cols)
-    x_target = tl.load(src + target, mask=valid & in_range, other=0.0).to(tl.float32)
+    x_target = tl.load(logits_ptr + rows * row_stride + target, mask=row_ok & valid & in_range,
+                       other=0.0).to(tl.float32)
     loss = tl.where(valid, tl.where(in_range, lse - x_target, float("nan")), 0.0)
-    tl.store(loss_ptr + row, loss)
-    tl.store(lse_ptr + row, lse)
+    tl.store(loss_ptr + rows, loss, mask=row_ok)
+    tl.store(lse_ptr + rows, lse, mask=row_ok)
 '''
 
 _BACKWARD = '''
 @triton.jit
-def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, n_cols, row_stride,
-           ignore_index, BLOCK: tl.constexpr):
-    # one program per (row, BLOCK columns): no loop, so every program's loads are independent
-    row = tl.program_id(0).to(tl.int64)
+def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, n_rows, n_cols, row_stride,
+           ignore_index, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    # one program per (ROWS rows, BLOCK columns): no loop, so every program's loads are independent
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_row = offs < n_cols
-    target = tl.load(target_ptr + row).to(tl.int64)
+    target = tl.load(target_ptr + rows, mask=row_ok, other=ignore_index).to(tl.int64)
     valid = target != ignore_index
     in_range = (target >= 0) & (target < n_cols)
-    lse = tl.load(lse_ptr + row)
+    lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
     scale = tl.load(grad_loss_ptr).to(tl.float32) / tl.load(count_ptr).to(tl.float32)
     scale = tl.where(in_range, scale, float("nan"))
-    n_read = tl.where(valid, n_cols, 0)     # ignored rows read nothing
-    x = tl.load(logits_ptr + row * row_stride + offs, mask=offs < n_read, other=0.0).to(tl.float32)
-    g = (tl.exp(x - lse) - tl.where(offs == target, 1.0, 0.0)) * scale
-    g = tl.where(valid, g, 0.0)        # ignored rows: 0 even where lse or scale is not finite
-    tl.store(grad_ptr + row * n_cols + offs, g.to(grad_ptr.dtype.element_ty), mask=in_row)
+    n_read = tl.where(valid, n_cols, 0)     # ignored rows (and rows past the end) read nothing
+    x = tl.load(logits_ptr + rows[:, None] * row_stride + offs[None, :], mask=offs[None, :] < n_read[:, None],
+                other=0.0).to(tl.float32)
+    g = (tl.exp(x - lse[:, None]) - tl.where(offs[None, :] == target[:, None], 1.0, 0.0)) * scale[:, None]
+    g = tl.where(valid[:, None], g, 0.0)        # ignored rows: 0 even where lse or scale is not finite
+    tl.store(grad_ptr + rows[:, None] * n_cols + offs[None, :], g.to(grad_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & in_row[None, :])
 '''
 
 
@@ -92,7 +99,7 @@ def kernel(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, count_ptr, grad_ptr, 
 class CrossEntropySpec:
     """The cache key of one of the two fixed kernels (block sizes are launch-time constants)."""
     kind: str           # "forward" or "backward"
-    version: int = 2
+    version: int = 3
 
 
 def _emit(spec: CrossEntropySpec) -> str:
@@ -127,11 +134,14 @@ def _kernel(kind: str):
     return cache.kernel(CrossEntropySpec(kind), _emit)
 
 
-def _launch_config(n_cols: int, block: int | None) -> tuple[int, int]:
+def _launch_config(n_cols: int, block: int | None) -> tuple[int, int, int]:
+    """(columns per chunk, rows per program, warps). Short rows share a program: a tile of up to
+    MAX_BLOCK elements (large vocabularies get one row per program, as before)."""
     block = block or min(next_pow2(n_cols), MAX_BLOCK)
     if block & (block - 1):
         raise ValueError(f"block={block} is not a power of two")
-    return block, 8 if block >= 2048 else 4
+    rows = max(1, min(MAX_ROWS, MAX_BLOCK // block))
+    return block, rows, 8 if block * rows >= 2048 else 4
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -155,9 +165,10 @@ def cross_entropy_forward(logits: torch.Tensor, target: torch.Tensor, ignore_ind
     losses = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
     if n_rows:
-        block, warps = _launch_config(n_cols, block)
-        _kernel("forward")[(n_rows,)](logits, target.contiguous(), losses, lse, n_cols, logits.stride(0),
-                                      ignore_index, BLOCK=block, num_warps=warps)
+        block, rows, warps = _launch_config(n_cols, block)
+        _kernel("forward")[(-(-n_rows // rows),)](logits, target.contiguous(), losses, lse, n_rows, n_cols,
+                                                  logits.stride(0), ignore_index, BLOCK=block, ROWS=rows,
+                                                  num_warps=warps)
     return losses.sum() / valid_count(target, ignore_index), lse
 
 
@@ -176,11 +187,11 @@ def cross_entropy_backward(grad_loss: torch.Tensor, logits: torch.Tensor, target
     count = valid_count(target, ignore_index) if total_weight is None else total_weight
     grad = torch.empty((n_rows, n_cols), dtype=logits.dtype, device=logits.device)
     if n_rows:
-        block, warps = _launch_config(n_cols, block)
+        block, rows, warps = _launch_config(n_cols, block)
         grad_loss = torch.as_tensor(grad_loss, device=logits.device).reshape(())
-        _kernel("backward")[(n_rows, -(-n_cols // block))](logits, target.contiguous(), lse.contiguous(), grad_loss,
-                                       count.reshape(()), grad, n_cols, logits.stride(0), ignore_index,
-                                       BLOCK=block, num_warps=warps)
+        _kernel("backward")[(-(-n_rows // rows), -(-n_cols // block))](
+            logits, target.contiguous(), lse.contiguous(), grad_loss, count.reshape(()), grad, n_rows, n_cols,
+            logits.stride(0), ignore_index, BLOCK=block, ROWS=rows, num_warps=warps)
     return grad
 
 
