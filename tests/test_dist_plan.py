@@ -285,3 +285,19 @@ def test_frozen_parameters_hold_no_gradient_or_optimizer_state():
         states[frozen] = plan.predicted["state_bytes"]
     wte = build("gpt2")[0].wte.weight
     assert states[False] - states[True] == wte.numel() * wte.element_size() * 3
+
+
+def test_finding_the_owner_module_runs_no_property():
+    """owner_module looks parameters up in the modules' own dictionaries: a module sharded earlier (its
+    parameters behind properties that gather them, a collective) and still alive is never read through
+    them. Reading one on some ranks only hung a CI run."""
+    class Gathering(torch.nn.Linear):
+        @property
+        def weight(self):
+            raise AssertionError("a property ran")
+
+    inner = torch.nn.Linear(2, 2)
+    outer = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    outer[0].__class__ = Gathering
+    assert entry._stored_parameter(outer, "0.weight") is outer[0]._parameters["weight"]
+    assert entry._stored_parameter(outer, "1.weight") is None and entry._stored_parameter(inner, "bias") is inner.bias

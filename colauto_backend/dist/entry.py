@@ -218,13 +218,22 @@ def owner_module(gm: fx.GraphModule, example_inputs: list) -> torch.nn.Module:
     first_name, first = pairs[0]
     for obj in gc.get_objects():
         if issubclass(type(obj), torch.nn.Module):    # type(): isinstance would follow dead weak proxies
-            try:
-                if obj.get_parameter(first_name) is first and all(obj.get_parameter(n) is t for n, t in pairs):
-                    return obj
-            except AttributeError:
-                continue
+            if _stored_parameter(obj, first_name) is first and all(_stored_parameter(obj, n) is t for n, t in pairs):
+                return obj
     raise RuntimeError("colauto: no live module holds this graph's parameters under the names Dynamo traced "
                        f"({first_name}, ...): compile the nn.Module that owns them")
+
+
+def _stored_parameter(module: torch.nn.Module, name: str) -> torch.Tensor | None:
+    """The parameter `module` stores under a dotted name, read from the modules' own dictionaries: no
+    attribute access, so no property runs (a module sharded earlier gathers its parameters in one: a
+    collective on the ranks whose garbage collector had not yet freed it, and a hang)."""
+    *path, leaf = name.split(".")
+    for part in path:
+        module = vars(module).get("_modules", {}).get(part)
+        if module is None:
+            return None
+    return vars(module).get("_parameters", {}).get(leaf)
 
 
 def check_same_plan(plan: ParallelPlan) -> None:
