@@ -183,15 +183,21 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
 
 
+def fit_token_ids(config) -> None:
+    """Special token ids a config carries from its full vocabulary (GPT-2's 50256) moved inside a smaller
+    `vocab_size` (the last id), so that building the model does not warn or index out of range."""
+    vocab = getattr(config, "vocab_size", None)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
+        if vocab and isinstance(getattr(config, key, None), int) and getattr(config, key) >= vocab:
+            setattr(config, key, vocab - 1)
+
+
 def _from_config(config, batch: int, seq: int, dtype: str, what: str) -> Built:
     cls = _model_class(config)
     kind = _kind(cls.__name__)
     _check_seq(config, seq, what, kind)
     config.use_cache = False
-    vocab = getattr(config, "vocab_size", None)
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
-        if vocab and isinstance(getattr(config, key, None), int) and getattr(config, key) >= vocab:
-            setattr(config, key, vocab - 1)
+    fit_token_ids(config)
     if kind == "image":
         config.problem_type = "single_label_classification"
     torch_dtype = _dtype(dtype, _config_dtype(config))

@@ -53,22 +53,22 @@ def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, unit
     nodes = list(nx.lexicographical_topological_sort(dag, key=lambda n: dag.nodes[n]["order"]))
     index = {n: i for i, n in enumerate(nodes)}
     nbytes = [_kept_bytes(n, subs) for n in nodes]
-    keepable = [b for n, b in zip(nodes, nbytes) if _can_keep(n)]
-    quantum = grid_quantum(keepable, units)
+    keepable = [_can_keep(n) for n in nodes]
+    quantum = grid_quantum([b for b, k in zip(nbytes, keepable) if k], units)
     size, time, inputs, needed, can_keep, can_recompute = [], [], [], [], [], []
     reads_buffer: set[fx.Node] = set()
-    for n, b in zip(nodes, nbytes):
+    for n, b, k in zip(nodes, nbytes, keepable):
         view = isinstance(n.target, torch._ops.OpOverload) and is_aliasing(n.target)
         random = isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
         if (not view and any(a.name in buffers for a in n.all_input_nodes)) or any(
                 a in reads_buffer and isinstance(a.meta.get("val"), (tuple, list)) for a in n.all_input_nodes):
             reads_buffer.add(n)       # the op itself, or a getitem of its tuple
         # nearest, so the memory axis stays ~`units` long; what cannot be kept takes no memory unit
-        size.append(round(b / quantum) if _can_keep(n) else 0)
+        size.append(round(b / quantum) if k else 0)
         time.append(0.0 if view else float(node_time.get(n.name, 0.0)))
         inputs.append(tuple(sorted(index[a] for a in dag.predecessors(n))))
         needed.append(any(is_backward(u) for u in n.users))
-        can_keep.append(_can_keep(n))
+        can_keep.append(k)
         # a random op would change its values; a pinned one is kept if it can be
         can_recompute.append(not random and n not in reads_buffer and not (n.name in pinned and can_keep[-1]))
     kept = tuple(float((keep_time or {}).get(n.name, 0.0)) for n in nodes)

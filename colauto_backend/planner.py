@@ -81,6 +81,17 @@ def resolve_budget(setting: tuple[str, float] | None, device_bytes: int) -> int 
     return None if kind == "none" else int(value * device_bytes) if kind == "fraction" else int(value)
 
 
+@dataclasses.dataclass
+class _Candidates:
+    """The budget-independent part of planning one joint graph."""
+    decisions: list[tuple]        # per candidate: tags for the partitioner, one per node of `names`
+    bounds: list[float]           # per candidate: a lower bound of the bytes it keeps for backward
+    frontier: solver.Frontier
+    names: list[str]              # the DP's nodes, in solver order
+    quantum: float                # bytes per memory unit
+    solve_s: float                # problem construction + DP
+
+
 class Planner:
     """Plans one captured joint graph at any number of budgets. What does not depend on the budget (the
     DP's frontier, the candidate set, each candidate's partition and simulated step) is computed at the
@@ -92,7 +103,7 @@ class Planner:
         self.joint, self.partition, self.baseline = joint, partition, baseline
         self.analysis_for, self.buffers = analysis_for, buffers
         self.base = baseline.evaluate(baseline.hints)
-        self._candidates: tuple | None = None      # (decisions, lower bounds, frontier, nodes, quantum, solve_s)
+        self._candidates: _Candidates | None = None
         self._simulated: dict[tuple, tuple[dict, tuple, Analysis]] = {}
 
     def plan(self, budget: int | None) -> tuple[Plan, tuple | None, Analysis]:
@@ -102,21 +113,21 @@ class Planner:
         limit = float("inf") if budget is None else budget * (1 - HEADROOM)
         if base["peak_memory_bytes"] <= limit:
             return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
-        decisions, bounds, frontier, _, quantum, solve_s = self._candidate_set()
+        cands = self._candidate_set()
         # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
         held = base["param_bytes"] + base["optimizer_state_bytes"] + base["input_bytes"]
         simulated = {}
-        for keep, bound in zip(decisions, bounds):
+        for keep, bound in zip(cands.decisions, cands.bounds):
             if held + bound <= limit:
                 simulated[keep] = self._simulate(keep)
         fits = [v for v in simulated.values() if v[0]["peak_memory_bytes"] <= limit]
         if fits:
             ev, graphs, analysis = min(fits, key=lambda v: v[0]["est_step_time_s"])
-            described = _describe(budget, base, ev, analysis, len(frontier.memory), len(simulated), quantum,
-                                  solve_s, start)
+            described = _describe(budget, base, ev, analysis, len(cands.frontier.memory), len(simulated),
+                                  cands.quantum, cands.solve_s, start)
             return dataclasses.replace(described, partitions_run=len(self._simulated) - seen), graphs, analysis
         # nothing fits: find the least peak among the candidates to tell the user
-        least = min((self._simulate(keep)[0] for keep in decisions), key=lambda ev: ev["peak_memory_bytes"])
+        least = min((self._simulate(keep)[0] for keep in cands.decisions), key=lambda ev: ev["peak_memory_bytes"])
         persistent = least["param_bytes"] + least["grad_bytes"] + least["optimizer_state_bytes"]
         needed = int(least["peak_memory_bytes"] / (1 - HEADROOM)) + 1
         raise BudgetError(
@@ -126,7 +137,7 @@ class Planner:
             f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}) plus {HEADROOM:.1%} headroom; set it to at least "
             f"{fmt_bytes(needed)}, or shrink the batch", needed)
 
-    def _candidate_set(self) -> tuple:
+    def _candidate_set(self) -> "_Candidates":
         if self._candidates is not None:
             return self._candidates
         start = time.perf_counter()
@@ -148,14 +159,14 @@ class Planner:
         else:
             decisions = [tuple(k or f for k, f in zip(frontier.keep(p), fixed)) for p in points]
             bounds = [(frontier.memory[p] - len(nodes)) * quantum for p in points]
-        self._candidates = (decisions, bounds, frontier, nodes, quantum, time.perf_counter() - start)
+        self._candidates = _Candidates(decisions, bounds, frontier, [n.name for n in nodes], quantum,
+                                       time.perf_counter() - start)
         return self._candidates
 
     def _simulate(self, keep: tuple) -> tuple[dict, tuple, Analysis]:
         """The candidate's partition and its simulated step (computed once per candidate)."""
         if keep not in self._simulated:
-            names = [n.name for n in self._candidate_set()[3]]
-            emit.tag(self.joint.graph, names, keep)
+            emit.tag(self.joint.graph, self._candidate_set().names, keep)
             try:
                 fw, bw = self.partition()
             finally:

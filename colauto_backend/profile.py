@@ -126,8 +126,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
     # It warns; where every trainable parameter still got its gradient, the backward is whole.
     no_autograd = [str(w.message).split(": ")[0] for w in seen if "autograd kernel was not registered" in str(w.message)]
     trainable_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    grads = analysis.evaluate(analysis.hints)["grad_bytes"] if trainable else 0
-    if trainable and (grads == 0 or (no_autograd and grads < trainable_bytes)):
+    grads = analysis.evaluate(analysis.hints)["grad_bytes"] if trainable and no_autograd else None
+    if trainable and (analysis.timeline.grads == 0 or (no_autograd and grads < trainable_bytes)):
         where = (f"{no_autograd[0]} has no autograd kernel here, and {fmt_bytes(trainable_bytes - grads)} of "
                  "parameters get no gradient" if no_autograd else "it computes no parameter gradient")
         raise RuntimeError(f"colauto.profile: the captured backward is incomplete ({where}; aten.nll_loss on the "

@@ -110,10 +110,15 @@ def render(data: dict) -> str:
 _SHOWN: set[str] = set()     # cost-model tables this process has printed (emit, Profile.report)
 
 
+def _table_key(data: dict) -> str:
+    """The table of `data` whatever the time its cost model took: equal for the same graph."""
+    return render(dict(data, cost_model_s=0.0))
+
+
 def shown(data: dict) -> str:
-    """The table of `data`, recorded as printed, so a later emission of the same one (whatever the time
-    its cost model took) says so in a line instead."""
-    _SHOWN.add(render(dict(data, cost_model_s=0.0)))
+    """The table of `data`, recorded as printed, so a later emission of the same one says so in a line
+    instead."""
+    _SHOWN.add(_table_key(data))
     return render(data)
 
 
@@ -143,7 +148,7 @@ def emit(analysis: "Analysis", setting: str | None) -> None:
               "graph gets its own table and plan, and each is planned under the whole memory budget (the budget "
               "is not yet shared between the graphs of one step)", flush=True)
     if setting == "1":
-        if render(dict(data, cost_model_s=0.0)) in _SHOWN:
+        if _table_key(data) in _SHOWN:
             print(f"colauto cost model: the same graph as the table above (codegen {data.get('codegen')})",
                   flush=True)
             return
@@ -263,7 +268,6 @@ def render_parallel(plan: dict, title: str | None = None) -> str:
             nxt = min(others, key=lambda c: c["step_time_s"])
             why += f"; next best {nxt['mesh']}: {_separates(nxt, chosen)}"
     lines.append(f"why: {why}")
-    step = p["step_time_s"]
     hidden = max(0.0, p.get("comm_total_s", p["comm_s"]) - p["comm_s"])
     lines += [
         f"{'per-device step':<24}{_ms(step):>14}",

@@ -115,6 +115,8 @@ _NO_DROPOUT = ("dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
 def config_of(name: str, size: str = "tiny"):
     import transformers  # lazy: only HF models need it
 
+    from colauto_backend.cli_models import fit_token_ids
+
     if name not in SPECS:
         raise ValueError(f"unknown HF model {name!r}: use one of {', '.join(NAMES)}")
     spec = SPECS[name]
@@ -127,10 +129,7 @@ def config_of(name: str, size: str = "tiny"):
         if hasattr(config, key) and isinstance(getattr(config, key), float):
             setattr(config, key, 0.0)
     config.use_cache = False
-    vocab = getattr(config, "vocab_size", None)
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):   # defaults of the full vocabulary
-        if vocab and isinstance(getattr(config, key, None), int) and getattr(config, key) >= vocab:
-            setattr(config, key, vocab - 1)
+    fit_token_ids(config)
     return config
 
 
