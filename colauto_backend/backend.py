@@ -74,6 +74,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         config = cfg.resolve_codegen(unresolved, example_inputs)
+        owner = next((t for t in example_inputs if isinstance(t, torch.nn.Parameter)), None)  # stands for the model
         device = resolve(config.device, next((t for t in example_inputs if isinstance(t, torch.Tensor)), None))
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
@@ -86,7 +87,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 
         def publish(analysis: Analysis) -> None:
             ANALYSES.append(analysis)
-            report.emit(analysis, config.report)
+            report.emit(analysis, config.report, owner)
             if on_analysis is not None:
                 on_analysis(analysis)
 

@@ -43,6 +43,7 @@ class Profile:
     timings: dict[str, float]          # cost_s: cost model only; trace_s: Dynamo + AOT capture; at_s
     _analysis: Analysis = dataclasses.field(repr=False)
     _arg_names: list[str] = dataclasses.field(repr=False)
+    _owner: Any = dataclasses.field(default=None, repr=False)   # the model's first parameter (report.shown)
 
     @property
     def symbolic(self) -> dict[str, sympy.Expr]:
@@ -63,7 +64,7 @@ class Profile:
                 raise ValueError(f"Profile.at: input {name!r} is missing; pass the model's inputs as for the profile")
             subs[symbol] = int(bound[name].shape[dim])
         return _make(self._analysis, subs, self._arg_names,
-                     dict(self.timings, at_s=time.perf_counter() - start))
+                     dict(self.timings, at_s=time.perf_counter() - start), self._owner)
 
     def to_json(self) -> str:
         data = {k: getattr(self, k) for k in ("flops_fwd", "flops_bwd", "saved_activation_bytes",
@@ -74,20 +75,20 @@ class Profile:
 
     def report(self) -> str:
         from . import report
-        return report.shown(report.summary(self._analysis, self._subs()))
+        return report.shown(report.summary(self._analysis, self._subs()), self._owner)
 
     def _subs(self) -> dict:
         back = {str(v): k for k, v in self._analysis.names.items()}
         return {back[k]: v for k, v in self.sizes.items()}
 
 
-def _make(analysis: Analysis, subs: dict, arg_names: list[str], timings: dict) -> Profile:
+def _make(analysis: Analysis, subs: dict, arg_names: list[str], timings: dict, owner: Any = None) -> Profile:
     ev = analysis.evaluate(subs)
     head = ("flops_fwd", "flops_bwd", "saved_activation_bytes", "peak_memory_bytes", "est_step_time_s")
     details = {k: v for k, v in ev.items() if k not in head and not k.startswith("_")}
     sizes = {str(analysis.names.get(s, s)): v for s, v in subs.items() if s in analysis.names}
     return Profile(**{k: ev[k] for k in head}, details=details, sizes=sizes, timings=timings,
-                   _analysis=analysis, _arg_names=arg_names)
+                   _analysis=analysis, _arg_names=arg_names, _owner=owner)
 
 
 def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
@@ -150,7 +151,8 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
     start = time.perf_counter()
     analysis, arg_names = capture(model, example_inputs, options, kwargs)
     trace_s = time.perf_counter() - start - analysis.cost_s
-    return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "trace_s": trace_s})
+    return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "trace_s": trace_s},
+                 next(model.parameters(), None))
 
 
 # The latest capture explain() made of each model, with what it depends on: another budget for the same

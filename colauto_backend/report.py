@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 if TYPE_CHECKING:
     from .analysis import Analysis
@@ -107,7 +108,17 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
-_SHOWN: set[str] = set()     # cost-model tables this process has printed (emit, Profile.report)
+# The cost-model tables printed (emit, Profile.report), per model: a model's first parameter stands for it
+# (Dynamo passes parameters to the backend), so the same graph of the same model prints once, and another
+# model (a test's, a second script's) prints its own. Graphs with no parameter share one set.
+_SHOWN: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+_NO_OWNER: set[str] = set()
+
+
+def _shown_for(owner: Any) -> set[str]:
+    if owner is None:
+        return _NO_OWNER
+    return _SHOWN.setdefault(owner, set())
 
 
 def _table_key(data: dict) -> str:
@@ -115,10 +126,10 @@ def _table_key(data: dict) -> str:
     return render(dict(data, cost_model_s=0.0))
 
 
-def shown(data: dict) -> str:
-    """The table of `data`, recorded as printed, so a later emission of the same one says so in a line
-    instead."""
-    _SHOWN.add(_table_key(data))
+def shown(data: dict, owner: Any = None) -> str:
+    """The table of `data`, recorded as printed for `owner` (a model's first parameter), so a later
+    emission of the same one for the same model says so in a line instead."""
+    _shown_for(owner).add(_table_key(data))
     return render(data)
 
 
@@ -132,9 +143,10 @@ def graph_breaks() -> list[str]:
     return [reason.strip().splitlines()[0] for reason in counters]
 
 
-def emit(analysis: "Analysis", setting: str | None) -> None:
+def emit(analysis: "Analysis", setting: str | None, owner: Any = None) -> None:
     """Print (setting "1") or write JSON (setting = path) on rank 0; nothing when off. A table this
-    process already printed (the same graph compiled again, or shown by Profile.report) is one line.
+    process already printed for this model (`owner`: its first parameter; the same graph compiled again,
+    or shown by Profile.report) is one line.
     A graph break Dynamo recorded since the last table is named before it, with what it means here."""
     if setting is None or _rank() != 0:
         return
@@ -148,11 +160,11 @@ def emit(analysis: "Analysis", setting: str | None) -> None:
               "graph gets its own table and plan, and each is planned under the whole memory budget (the budget "
               "is not yet shared between the graphs of one step)", flush=True)
     if setting == "1":
-        if _table_key(data) in _SHOWN:
+        if _table_key(data) in _shown_for(owner):
             print(f"colauto cost model: the same graph as the table above (codegen {data.get('codegen')})",
                   flush=True)
             return
-        print(shown(data), flush=True)
+        print(shown(data, owner), flush=True)
     else:
         with open(setting, "w") as f:
             json.dump(data, f, indent=1, default=str)

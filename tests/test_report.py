@@ -37,6 +37,21 @@ def test_report_prints_layers_and_totals(monkeypatch, capsys):
     assert "ops of unknown cost (timed by bytes only): none" in out
 
 
+def test_each_model_prints_its_own_table(monkeypatch, capsys):
+    """Two models with the same graph (two scripts' worth, or two tests in one process) each get the table;
+    the same model compiled again gets one line (CI ran this file after another test of the same graph)."""
+    monkeypatch.setenv("COLAUTO_REPORT", "1")
+    for _ in range(2):
+        torch._dynamo.reset()      # as between two tests (else Dynamo reuses the compiled code: no report)
+        model, make = build("gpt2")
+        torch.compile(model, backend="colauto")(*make(2, 8)).backward()
+        assert "blocks.1" in capsys.readouterr().out
+    torch._dynamo.reset()
+    torch.compile(model, backend="colauto")(*make(2, 8)).backward()
+    out = capsys.readouterr().out
+    assert "the same graph as the table above" in out and "blocks.1" not in out, out
+
+
 def test_unknown_op_is_counted_not_fatal(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("COLAUTO_REPORT", "1")
     model = WithMystery()

@@ -19,6 +19,7 @@ import operator
 from typing import Sequence
 
 import numpy as np
+import sympy
 import torch
 import torch.fx as fx
 
@@ -245,14 +246,16 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
     total = {"params": sym(0), "inputs": sym(0), "grads": sym(0), "opt": sym(0), "saved": sym(0)}
     env: dict[str, list[int]] = {}
     saved_nodes: list[tuple[str, Expr]] = []
+    held: dict[str, list[Expr]] = {"params": [], "inputs": []}
     for i, n in enumerate(fw_ph):
         if not isinstance(n.meta.get("val"), torch.Tensor):
             continue
         nb = _placeholder_bytes(n)
-        total["params" if i in params else "inputs"] += nb
+        held["params" if i in params else "inputs"].append(nb)
         env[n.name] = [sim.new(nb)]   # held by the module (parameters) or the user (the batch)
+    total.update({k: sympy.Add(*v) for k, v in held.items()})   # one Add each: += re-flattens every time
     grad_of = _trainable(fw_ph, bw, params)
-    trainable_bytes = sum((_placeholder_bytes(fw_ph[i]) for i in grad_of), sym(0))
+    trainable_bytes = sympy.Add(*[_placeholder_bytes(fw_ph[i]) for i in grad_of])   # one Add: sum() re-flattens
     if optimizer in ("adamw", "adamw_foreach"):
         total["opt"] = 2 * trainable_bytes
         sim.new(total["opt"])
@@ -282,12 +285,15 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
                                                                             if n.op == "call_function")
         sim.run(bw.graph, "bwd", saved_env, placeholders_held=False, recomputed=recomputed)
         total["grads"] = trainable_bytes
-        total["saved"] = sum((e for _, e in saved_nodes), sym(0))
+        total["saved"] = sympy.Add(*[e for _, e in saved_nodes])
         if optimizer == "adamw_foreach":
             sim.new(trainable_bytes)
         if optimizer != "none":
             sim.record("optimizer")
-    return Timeline(rows=np.array([np.pad(r, (0, len(basis.terms) - len(r))) for r in sim.rows]),
+    rows = np.zeros((len(sim.rows), len(basis.terms)))
+    for i, r in enumerate(sim.rows):     # rows recorded before later basis terms existed are shorter
+        rows[i, :len(r)] = r
+    return Timeline(rows=rows,
                     labels=sim.labels, params=total["params"], grads=total["grads"],
                     optimizer_state=total["opt"], saved=total["saved"], inputs=total["inputs"],
                     saved_nodes=saved_nodes, fused=frozenset(sim.fused_names))

@@ -20,7 +20,12 @@ def sym(x: Any) -> Expr:
     """An int or SymInt as a sympy expression."""
     if isinstance(x, torch.SymInt):
         return x.node.expr
-    return sympy.Integer(int(x))
+    return _integer(int(x))
+
+
+@functools.lru_cache(maxsize=4096)
+def _integer(x: int) -> Expr:
+    return sympy.Integer(x)
 
 
 def shape(t: torch.Tensor) -> tuple[Expr, ...]:
@@ -45,7 +50,12 @@ def numel(t: torch.Tensor) -> Expr:
 
 def nbytes(t: torch.Tensor) -> Expr:
     """Bytes the tensor's elements take (what a kernel reads or writes)."""
-    return numel(t) * t.dtype.itemsize
+    return _nbytes(shape(t), t.dtype.itemsize)
+
+
+@functools.lru_cache(maxsize=None)
+def _nbytes(dims: tuple[Expr, ...], itemsize: int) -> Expr:
+    return _prod(dims) * itemsize
 
 
 def storage_nbytes(t: torch.Tensor) -> Expr:

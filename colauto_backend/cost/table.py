@@ -7,9 +7,11 @@ cached per (op, argument signature), so the 2nd..Nth copy of a repeated layer co
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
 import torch.fx as fx
 
@@ -104,9 +106,9 @@ def _node_cost(n: fx.Node) -> tuple[str, Expr, Expr, Expr]:
         if kind == "view":
             hit = (kind, ZERO, ZERO, ZERO)
         else:
-            read = sum((nbytes(t) for t in tensors_in(list(args)) + [
-                t for v in kwargs.values() for t in tensors_in(v)]), ZERO)
-            written = sum((nbytes(t) for t in tensors_in(out)), ZERO)
+            read = sympy.Add(*[nbytes(t) for t in tensors_in(list(args)) + [
+                t for v in kwargs.values() for t in tensors_in(v)]])     # one Add: sympy's sum() re-flattens
+            written = sympy.Add(*[nbytes(t) for t in tensors_in(out)])
             hit = (kind, F.flops(n.target, args, kwargs, out), read, written)
         _cache[key] = hit
     return hit
@@ -142,4 +144,9 @@ def build(graph: fx.Graph, basis: Basis) -> CostTable:
 
 def _shape_str(n: fx.Node) -> str:
     ts = tensors_in(n.meta.get("val"))
-    return "x".join(str(d) for d in shape(ts[0])) if ts else ""
+    return _dims_str(shape(ts[0])) if ts else ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _dims_str(dims: tuple) -> str:      # printing sympy is slow and a graph repeats few shapes
+    return "x".join(str(d) for d in dims)
