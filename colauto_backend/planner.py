@@ -8,10 +8,15 @@
    MAX_CANDIDATES spread evenly) become candidate plans. Under Inductor codegen a candidate fixes only
    the compute-bound nodes (matmuls, attention); the min-cut partitioner places the fusible ops
    around them (emit/remat.py).
-3. Each candidate is partitioned for real and its step simulated (cost/memory.py); the plan is the
-   candidate with the least predicted step time whose simulated peak fits. A candidate is skipped
-   unsimulated only where a lower bound of its peak is over the budget (aten codegen: bytes held all
-   step + bytes it keeps for backward).
+3. Aten codegen (every node of a candidate decided): each candidate's partition is modeled,
+   not run (cost/memory.predict_partition: which values the partitioner saves and recomputes, and the
+   step's liveness at the example sizes), for up to MAX_MODELED frontier points. The plan is the
+   candidate with the least predicted step time whose modeled peak fits; its real partition is then
+   run and simulated, and if that peak does not fit, the next candidate is tried (`Plan.model_misses`).
+   explain() reports the modeled plan without partitioning (Planner.plan(partition=False)).
+   Inductor and Triton codegen (min-cut decides the untagged nodes, views included, which the model
+   does not predict: off by up to 11% on Triton): each of up to MAX_CANDIDATES candidates is
+   partitioned for real and simulated.
 "Fits" means a simulated peak within the budget less HEADROOM (0.5%, for allocations the model does
 not see). The rule is monotone by construction: the candidate set does not depend on the budget, and a
 smaller budget only shrinks the set of candidates that fit, so it never gets a faster plan, nor one
@@ -28,6 +33,7 @@ import torch.fx as fx
 from . import graph
 from ._torch_compat import PassThroughError
 from .analysis import Analysis, layer_of
+from .cost.memory import PredictedPartition
 from .emit import remat as emit
 from .report import fmt_bytes
 from .solver import remat as solver
@@ -39,6 +45,8 @@ HEADROOM = 0.005
 
 # Frontier points whose peak may be simulated (each costs one partition + memory simulation).
 MAX_CANDIDATES = 12
+# Frontier points whose partition is modeled (each costs one liveness pass at the example sizes).
+MAX_MODELED = 64
 
 
 class BudgetError(PassThroughError):
@@ -65,6 +73,10 @@ class Plan:
     frontier_points: int = 0
     simulated_plans: int = 0
     partitions_run: int = 0               # candidate partitions this plan ran (the others were reused)
+    modeled_plans: int = 0                # candidates whose partition was modeled, not run
+    peak_modeled_bytes: int = 0           # the model's peak for the chosen plan (0: not modeled)
+    partition_checked: bool = True        # peak_with_bytes is the real partition's (explain: the model's)
+    model_misses: int = 0                 # chosen by the model, rejected by their real partition
     quantum_bytes: float = 0.0
     solve_s: float = 0.0                  # problem construction + DP
     plan_s: float = 0.0                   # everything, simulations of candidate plans included
@@ -99,21 +111,28 @@ class Planner:
 
     def __init__(self, joint: fx.GraphModule, partition: Callable, baseline: Analysis,
                  analysis_for: Callable[[fx.GraphModule, fx.GraphModule], Analysis],
-                 buffers: frozenset[str] = frozenset()) -> None:
+                 buffers: frozenset[str] = frozenset(),
+                 predict: Callable[[dict[str, bool]], PredictedPartition] | None = None) -> None:
+        """`predict`: the modeled partition of a candidate's tags (None: run every candidate's partition)."""
         self.joint, self.partition, self.baseline = joint, partition, baseline
-        self.analysis_for, self.buffers = analysis_for, buffers
+        self.analysis_for, self.buffers, self.predict = analysis_for, buffers, predict
         self.base = baseline.evaluate(baseline.hints)
         self._candidates: _Candidates | None = None
         self._simulated: dict[tuple, tuple[dict, tuple, Analysis]] = {}
+        self._modeled: dict[tuple, tuple[dict, Analysis]] = {}
+        self._again = {c.name: float(t) for c, t in zip(baseline.costs.nodes, self.base["_recompute_times"])}
 
-    def plan(self, budget: int | None) -> tuple[Plan, tuple | None, Analysis]:
-        """(plan, (fw, bw) or None where the unplanned partition fits, analysis of the chosen partition)."""
+    def plan(self, budget: int | None, partition: bool = True) -> tuple[Plan, tuple | None, Analysis]:
+        """(plan, (fw, bw) or None where the unplanned partition fits, analysis of the chosen partition).
+        partition=False (explain): a modeled plan is described as the model predicts it, not partitioned."""
         start, seen = time.perf_counter(), len(self._simulated)
         base, baseline = self.base, self.baseline
         limit = float("inf") if budget is None else budget * (1 - HEADROOM)
         if base["peak_memory_bytes"] <= limit:
             return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
         cands = self._candidate_set()
+        if self.predict is not None:
+            return self._plan_modeled(budget, limit, cands, partition, start, seen)
         # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
         held = base["param_bytes"] + base["optimizer_state_bytes"] + base["input_bytes"]
         simulated = {}
@@ -128,14 +147,47 @@ class Planner:
             return dataclasses.replace(described, partitions_run=len(self._simulated) - seen), graphs, analysis
         # nothing fits: find the least peak among the candidates to tell the user
         least = min((self._simulate(keep)[0] for keep in cands.decisions), key=lambda ev: ev["peak_memory_bytes"])
-        persistent = least["param_bytes"] + least["grad_bytes"] + least["optimizer_state_bytes"]
-        needed = int(least["peak_memory_bytes"] / (1 - HEADROOM)) + 1
-        raise BudgetError(
-            f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt_bytes(budget)} is below the smallest peak "
-            f"colauto found, {fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
-            f"{fmt_bytes(persistent)}, activations and temporaries "
-            f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}) plus {HEADROOM:.1%} headroom; set it to at least "
-            f"{fmt_bytes(needed)}, or shrink the batch", needed)
+        raise _budget_error(budget, least)
+
+    def _plan_modeled(self, budget: int | None, limit: float, cands: "_Candidates", partition: bool,
+                      start: float, seen: int) -> tuple[Plan, tuple | None, Analysis]:
+        """Choose among modeled candidates; with `partition`, confirm the choice on its real partition."""
+        modeled = {keep: self._model(keep) for keep in cands.decisions}
+        fits = sorted((keep for keep, (ev, _) in modeled.items() if ev["peak_memory_bytes"] <= limit),
+                      key=lambda keep: (modeled[keep][0]["est_step_time_s"], cands.decisions.index(keep)))
+        misses = 0
+        for keep in fits:
+            ev_model, analysis_model = modeled[keep]
+            if not partition and keep not in self._simulated:
+                described = _describe(budget, self.base, ev_model, analysis_model, len(cands.frontier.memory), 0,
+                                      cands.quantum, cands.solve_s, start)
+                return dataclasses.replace(described, modeled_plans=len(modeled), partition_checked=False,
+                                           peak_modeled_bytes=ev_model["peak_memory_bytes"]), None, analysis_model
+            ev, graphs, analysis = self._simulate(keep)
+            if ev["peak_memory_bytes"] > limit:     # the model was wrong about this one: the next
+                misses += 1
+                continue
+            described = _describe(budget, self.base, ev, analysis, len(cands.frontier.memory), 1 + misses,
+                                  cands.quantum, cands.solve_s, start)
+            return dataclasses.replace(described, partitions_run=len(self._simulated) - seen,
+                                       modeled_plans=len(modeled), model_misses=misses,
+                                       peak_modeled_bytes=ev_model["peak_memory_bytes"]), graphs, analysis
+        least_keep = min(modeled, key=lambda keep: modeled[keep][0]["peak_memory_bytes"])
+        least = self._simulate(least_keep)[0] if partition else modeled[least_keep][0]
+        raise _budget_error(budget, least)
+
+    def _model(self, keep: tuple) -> tuple[dict, Analysis]:
+        """The candidate's modeled partition, as the numbers plan() reads (computed once per candidate)."""
+        if keep not in self._modeled:
+            names = self._candidate_set().names
+            pred = self.predict({n: k for n, k in zip(names, keep) if k is not None})
+            again = sum(self._again.get(n, 0.0) for n in pred.recomputed)
+            ev = dict(self.base, peak_memory_bytes=pred.peak_bytes, peak_at=pred.peak_at,
+                      saved_activation_bytes=pred.saved_bytes, est_recompute_time_s=again,
+                      est_step_time_s=self.base["est_step_time_s"] + again,
+                      est_bwd_time_s=self.base["est_bwd_time_s"] + again)
+            self._modeled[keep] = (ev, dataclasses.replace(self.baseline, recomputed=pred.recomputed))
+        return self._modeled[keep]
 
     def _candidate_set(self) -> "_Candidates":
         if self._candidates is not None:
@@ -143,7 +195,7 @@ class Planner:
         start = time.perf_counter()
         baseline = self.baseline
         frontier, nodes, quantum, problem = _solve(self.joint, baseline, self.base, self.buffers)
-        points = _candidates(len(frontier.memory))
+        points = _candidates(len(frontier.memory), MAX_CANDIDATES if self.predict is None else MAX_MODELED)
         # A node the plan may not recompute (random ops, readers of module buffers) is tagged MUST_SAVE
         # where the DP did not keep it: "never recompute; save if backward reads it". MUST_RECOMPUTE there
         # made the min-cut partitioner (Inductor and Triton codegen) recompute it in backward anyway: a
@@ -174,6 +226,17 @@ class Planner:
             analysis = self.analysis_for(fw, bw)
             self._simulated[keep] = (analysis.evaluate(analysis.hints), (fw, bw), analysis)
         return self._simulated[keep]
+
+
+def _budget_error(budget: int | None, least: dict) -> BudgetError:
+    persistent = least["param_bytes"] + least["grad_bytes"] + least["optimizer_state_bytes"]
+    needed = int(least["peak_memory_bytes"] / (1 - HEADROOM)) + 1
+    return BudgetError(
+        f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt_bytes(budget)} is below the smallest peak "
+        f"colauto found, {fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
+        f"{fmt_bytes(persistent)}, activations and temporaries "
+        f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}) plus {HEADROOM:.1%} headroom; set it to at least "
+        f"{fmt_bytes(needed)}, or shrink the batch", needed)
 
 
 def remat_frontier(joint: fx.GraphModule, baseline: Analysis, base: dict,

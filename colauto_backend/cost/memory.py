@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import operator
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import sympy
@@ -161,36 +161,46 @@ class _Sim:
         self.virtual = ({n for n in fused_away(graph) if n.name not in recomputed or len(n.users) == 1}
                         if self.fused else set())
         self.fused_names.update(n.name for n in self.virtual)
-        last_use: dict[fx.Node, fx.Node] = {}
+        return self.run_nodes([n for n in nodes if n.op not in ("placeholder", "output")],
+                              [n for n in nodes if n.op == "placeholder"], list(nodes[-1].args[0]),
+                              tag, env, placeholders_held)
+
+    def run_nodes(self, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list, tag: str,
+                  env: dict[str, list[int]], inputs_held: bool) -> list[list[int]]:
+        """Run `nodes` in this order. `inputs` (a graph's placeholders, or the joint graph's nodes a
+        modeled partition passes between forward and backward) take their storages from env by name;
+        `outputs` are returned, each storage referenced once more."""
+        end = object()                       # the graph's return: the last use of what it returns
+        last_use: dict[fx.Node, object] = {}
         for n in nodes:
             for a in n.all_input_nodes:
                 last_use[a] = n
-        out_node = nodes[-1]
+        for a in outputs:
+            if isinstance(a, fx.Node):
+                last_use[a] = end
         stor: dict[fx.Node, list[int]] = {}
+        for n in inputs:
+            stor[n] = env.get(n.name, [])
+            if not inputs_held and n not in last_use:
+                self._release(stor[n])
+        held = set(inputs) if inputs_held else set()
         for n in nodes:
-            if n.op == "placeholder":
-                stor[n] = env.get(n.name, [])
-                if not placeholders_held and n not in last_use:
-                    self._release(stor[n])
-                continue
-            if n.op == "output":
-                break
             stor[n] = self._outputs(n, stor)
             self.record(f"{tag}:{n.name}")
             if n not in last_use:            # computed but unused: freed at once
                 self._release(stor[n])
             for a in n.all_input_nodes:
-                if last_use.get(a) is n and (a.op != "placeholder" or not placeholders_held):
+                if last_use.get(a) is n and a not in held:
                     self._release(stor[a])
         results = []
-        for a in out_node.args[0]:
+        for a in outputs:
             sids = stor.get(a, []) if isinstance(a, fx.Node) else []
             for s in sids:
                 self.ref(s)
             results.append(sids)
         # the graph's own references end when it returns
-        for a in set(x for x in out_node.all_input_nodes):
-            if last_use.get(a) is out_node and (a.op != "placeholder" or not placeholders_held):
+        for a in set(x for x in outputs if isinstance(x, fx.Node)):
+            if last_use.get(a) is end and a not in held:
                 self._release(stor[a])
         return results
 
@@ -235,17 +245,57 @@ def _placeholder_bytes(n: fx.Node) -> Expr:
     return storage_nbytes(val) if isinstance(val, torch.Tensor) else sym(0)
 
 
+@dataclasses.dataclass
+class _Split:
+    """A partition of the joint graph as the simulation runs it: partitioned graphs, or the partition
+    `predict_partition` models. Each run function takes (simulator, env: input name -> storages)."""
+    fw_inputs: list[fx.Node]                  # forward placeholders (primals, then the batch)
+    fw_outputs: list                          # the user's outputs, then the values saved for backward
+    run_fw: Callable[["_Sim", dict], list]
+    bw_inputs: list[fx.Node] | None = None    # saved values (by name) and tangents; None: no backward
+    bw_outputs: list = dataclasses.field(default_factory=list)   # gradients, in the primals' order
+    run_bw: Callable[["_Sim", dict], list] | None = None
+
+
+def _graph_split(fw: fx.GraphModule, bw: fx.GraphModule | None) -> _Split:
+    fw_nodes = list(fw.graph.nodes)
+    if bw is None:
+        return _Split([n for n in fw_nodes if n.op == "placeholder"], list(fw_nodes[-1].args[0]),
+                      lambda sim, env: sim.run(fw.graph, "fwd", env, placeholders_held=True))
+    bw_nodes = list(bw.graph.nodes)
+    # forward nodes the backward graph runs again
+    recomputed = frozenset(n.name for n in fw_nodes) & frozenset(n.name for n in bw_nodes if n.op == "call_function")
+    return _Split([n for n in fw_nodes if n.op == "placeholder"], list(fw_nodes[-1].args[0]),
+                  lambda sim, env: sim.run(fw.graph, "fwd", env, placeholders_held=True),
+                  [n for n in bw_nodes if n.op == "placeholder"], list(bw_nodes[-1].args[0]),
+                  lambda sim, env: sim.run(bw.graph, "bwd", env, placeholders_held=False, recomputed=recomputed))
+
+
 def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indices: Sequence[int],
                   num_fwd_outputs: int, basis: Basis, device: DeviceSpec, optimizer: str,
                   fused: bool = False) -> Timeline:
     """Memory in use through forward, backward and the optimizer step (see module docstring).
     `fused`: the graphs run as Inductor code, so `fused_away` intermediates take no memory."""
     sim = _Sim(basis, device, fused)
-    fw_ph = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    total, saved = _run_step(sim, _graph_split(fw, bw), param_indices=param_indices,
+                             num_fwd_outputs=num_fwd_outputs, device=device, optimizer=optimizer)
+    saved_nodes = [(name, _size_expr(basis, sim.size[sid])) for name, sid in saved]
+    rows = np.zeros((len(sim.rows), len(basis.terms)))
+    for i, r in enumerate(sim.rows):     # rows recorded before later basis terms existed are shorter
+        rows[i, :len(r)] = r
+    return Timeline(rows=rows, labels=sim.labels, params=total["params"], grads=total["grads"],
+                    optimizer_state=total["opt"], saved=sympy.Add(*[e for _, e in saved_nodes]),
+                    inputs=total["inputs"], saved_nodes=saved_nodes, fused=frozenset(sim.fused_names))
+
+
+def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_fwd_outputs: int,
+              device: DeviceSpec, optimizer: str) -> tuple[dict[str, Expr], list[tuple[str, int]]]:
+    """Simulate the step on `sim`: (totals of parameters, inputs, gradients and optimizer state; the
+    storages saved for backward, as (forward node, storage id), each once, parameters not included)."""
+    fw_ph = split.fw_inputs
     params = set(param_indices)
-    total = {"params": sym(0), "inputs": sym(0), "grads": sym(0), "opt": sym(0), "saved": sym(0)}
+    total = {"params": sym(0), "inputs": sym(0), "grads": sym(0), "opt": sym(0)}
     env: dict[str, list[int]] = {}
-    saved_nodes: list[tuple[str, Expr]] = []
     held: dict[str, list[Expr]] = {"params": [], "inputs": []}
     for i, n in enumerate(fw_ph):
         if not isinstance(n.meta.get("val"), torch.Tensor):
@@ -254,8 +304,9 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
         held["params" if i in params else "inputs"].append(nb)
         env[n.name] = [sim.new(nb)]   # held by the module (parameters) or the user (the batch)
     total.update({k: sympy.Add(*v) for k, v in held.items()})   # one Add each: += re-flattens every time
-    grad_of = _trainable(fw_ph, bw, params)
-    trainable_bytes = sympy.Add(*[_placeholder_bytes(fw_ph[i]) for i in grad_of])   # one Add: sum() re-flattens
+    grads = split.bw_outputs if split.bw_inputs is not None else []
+    grad_of = [i for i in sorted(params) if i < len(grads) and grads[i] is not None]
+    trainable_bytes = sympy.Add(*[_placeholder_bytes(fw_ph[i]) for i in grad_of])
     if optimizer in ("adamw", "adamw_foreach"):
         total["opt"] = 2 * trainable_bytes
         sim.new(total["opt"])
@@ -264,39 +315,30 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
     if device.workspace_bytes:
         sim.new(sym(device.workspace_bytes))
     sim.record("start")
-    fw_out = sim.run(fw.graph, "fwd", env, placeholders_held=True)
+    fw_out = split.run_fw(sim, env)
     param_sids = {s for n in fw_ph for s in env.get(n.name, [])}
-    if bw is not None:
-        out_nodes = list(fw.graph.nodes)[-1].args[0]
+    saved: list[tuple[str, int]] = []
+    if split.bw_inputs is not None:
         saved_env: dict[str, list[int]] = {}
         seen: set[int] = set()
-        for node, sids in zip(out_nodes[num_fwd_outputs:], fw_out[num_fwd_outputs:]):
+        for node, sids in zip(split.fw_outputs[num_fwd_outputs:], fw_out[num_fwd_outputs:]):
             if isinstance(node, fx.Node):
                 saved_env[node.name] = sids
                 for s in sids:
                     if s not in param_sids and s not in seen:
                         seen.add(s)
-                        saved_nodes.append((node.name, _size_expr(basis, sim.size[s])))
-        for n in bw.graph.nodes:   # tangents: allocated by autograd, held by the backward alone
-            if n.op == "placeholder" and n.name not in saved_env and isinstance(n.meta.get("val"), torch.Tensor):
+                        saved.append((node.name, s))
+        for n in split.bw_inputs:   # tangents: allocated by autograd, held by the backward alone
+            if n.name not in saved_env and isinstance(n.meta.get("val"), torch.Tensor):
                 saved_env[n.name] = [sim.new(_placeholder_bytes(n))]
-        # each saved value's forward-output reference passes to the backward placeholder of that name
-        recomputed = frozenset(n.name for n in fw.graph.nodes) & frozenset(n.name for n in bw.graph.nodes
-                                                                            if n.op == "call_function")
-        sim.run(bw.graph, "bwd", saved_env, placeholders_held=False, recomputed=recomputed)
+        # each saved value's forward-output reference passes to the backward input of that name
+        split.run_bw(sim, saved_env)
         total["grads"] = trainable_bytes
-        total["saved"] = sympy.Add(*[e for _, e in saved_nodes])
         if optimizer == "adamw_foreach":
             sim.new(trainable_bytes)
         if optimizer != "none":
             sim.record("optimizer")
-    rows = np.zeros((len(sim.rows), len(basis.terms)))
-    for i, r in enumerate(sim.rows):     # rows recorded before later basis terms existed are shorter
-        rows[i, :len(r)] = r
-    return Timeline(rows=rows,
-                    labels=sim.labels, params=total["params"], grads=total["grads"],
-                    optimizer_state=total["opt"], saved=total["saved"], inputs=total["inputs"],
-                    saved_nodes=saved_nodes, fused=frozenset(sim.fused_names))
+    return total, saved
 
 
 def _size_expr(basis: Basis, sparse) -> Expr:
@@ -306,9 +348,137 @@ def _size_expr(basis: Basis, sparse) -> Expr:
     return basis.expr(v)
 
 
-def _trainable(fw_ph: list[fx.Node], bw: fx.GraphModule | None, params: set[int]) -> list[int]:
-    """Indices of parameters that get a gradient (the backward's outputs follow the primals' order)."""
-    if bw is None:
-        return []
-    grads = list(bw.graph.nodes)[-1].args[0]
-    return [i for i in sorted(params) if i < len(grads) and grads[i] is not None]
+class _PeakSim(_Sim):
+    """The same simulation in bytes at the example sizes only: the peak and where it is, no timeline.
+    Cheap enough to run for every candidate plan (predict_partition)."""
+
+    def __init__(self, device: DeviceSpec, hints: dict) -> None:
+        super().__init__(Basis(), device, fused=False)
+        self.hints, self.memo = hints, {}
+        self.state, self.peak, self.peak_at = 0, 0, ""
+
+    def new(self, nbytes: Expr) -> int:
+        b = self.memo.get(nbytes)
+        if b is None:
+            b = int(nbytes.xreplace(self.hints)) if nbytes.free_symbols else int(nbytes)
+            if not nbytes.free_symbols and self.device.alloc_round > 1:
+                b = -(-b // self.device.alloc_round) * self.device.alloc_round
+            self.memo[nbytes] = b
+        self.size.append(b)
+        self.refs.append(1)
+        self.state += b
+        return len(self.size) - 1
+
+    def unref(self, sid: int) -> None:
+        self.refs[sid] -= 1
+        if self.refs[sid] == 0:
+            self.state -= self.size[sid]
+
+    def record(self, label: str) -> None:
+        if self.state > self.peak:
+            self.peak, self.peak_at = self.state, label
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictedPartition:
+    """What `predict_partition` expects torch's default partition of a tagged joint graph to do."""
+    peak_bytes: int
+    peak_at: str
+    saved_bytes: int                 # activations kept for backward (parameters not counted)
+    recomputed: frozenset[str]       # forward nodes the backward runs again
+
+
+def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs: int,
+                      param_indices: Sequence[int], device: DeviceSpec, optimizer: str,
+                      hints: dict) -> PredictedPartition:
+    """The step's peak under the partition torch's default partitioner makes when the forward nodes in
+    `keep` are tagged MUST_SAVE (True) or MUST_RECOMPUTE (False), without running it (it copies and
+    recompiles the whole graph: seconds on a 24-layer model, for every candidate plan). The model:
+    - a forward node is saved where backward reads it, unless it is tagged MUST_RECOMPUTE or returns a
+      tuple (its getitems are saved); a node that is not saved is recomputed in backward, and so are the
+      unsaved forward nodes it reads;
+    - the forward runs, in graph order, what its outputs and the saved values need;
+    - the backward runs its nodes in graph order from the first one that reads a tangent, each preceded
+      by the recomputed nodes it needs and has not run yet, in graph order (torch's
+      reordering_to_mimic_autograd_engine).
+    The same liveness simulation as simulate_step then runs at the example sizes (`hints`).
+    planner.Planner checks the prediction against the real partition of the plan it chooses."""
+    nodes = list(joint.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    out_node = nodes[-1]
+    tangents = [n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    primals = [n for n in nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
+    backward = [n for n in nodes if n.op == "call_function" and n.meta.get("partitioner_tag") == "is_backward"]
+    in_backward = set(backward) | set(tangents)
+    fw_outputs, grads = list(out_node.args[0][:num_fwd_outputs]), list(out_node.args[0][num_fwd_outputs:])
+
+    def saveable(n: fx.Node) -> bool:
+        if n.op == "placeholder":
+            return True
+        if keep.get(n.name) is False:
+            return False
+        multi = len(n.users) > 0 and all(u.target is operator.getitem for u in n.users)
+        return not multi
+
+    saved: dict[fx.Node, None] = {}
+    recomputed: set[fx.Node] = set()
+    stack = [a for b in backward for a in b.all_input_nodes if a not in in_backward]
+    stack += [g for g in grads if isinstance(g, fx.Node) and g not in in_backward]
+    while stack:
+        a = stack.pop()
+        if a in saved or a in recomputed:
+            continue
+        if saveable(a):
+            saved[a] = None
+        else:
+            recomputed.add(a)
+            stack.extend(x for x in a.all_input_nodes if x not in in_backward)
+    saved_list = sorted(saved, key=order.get)
+    # forward: what the user's outputs and the saved values need
+    need: set[fx.Node] = set()
+    stack = [a for a in fw_outputs + saved_list if isinstance(a, fx.Node)]
+    while stack:
+        a = stack.pop()
+        if a not in need:
+            need.add(a)
+            stack.extend(a.all_input_nodes)
+    fw_run = [n for n in nodes if n in need and n.op in ("call_function", "get_attr")]
+    # backward, ordered as reordering_to_mimic_autograd_engine orders it
+    bw_all = sorted(recomputed | set(backward), key=order.get)
+    first = min((order[u] for t in tangents for u in t.users if u.op == "call_function"), default=None)
+    bw_run: list[fx.Node] = []
+    done: set[fx.Node] = set()
+
+    def insert(n: fx.Node) -> None:
+        todo, found = [n], set()
+        while todo:
+            x = todo.pop()
+            if x in found or x in done or not (x in recomputed or x in backward_set):
+                continue
+            found.add(x)
+            todo.extend(x.all_input_nodes)
+        for x in sorted(found, key=order.get):
+            done.add(x)
+            bw_run.append(x)
+    backward_set = set(backward)
+    if first is None:
+        bw_run = bw_all
+    else:
+        for n in bw_all:
+            if n.target is torch.ops.aten.copy_.default and order[n] < first:
+                insert(n)
+        for n in bw_all:
+            if order[n] >= first:
+                insert(n)
+        for g in grads:                 # gradients computed before the first tangent read
+            if isinstance(g, fx.Node):
+                insert(g)
+    sim = _PeakSim(device, hints)
+    split = _Split(primals, fw_outputs + saved_list,
+                   lambda s, env: s.run_nodes(fw_run, primals, fw_outputs + saved_list, "fwd", env, True),
+                   saved_list + tangents, grads,
+                   lambda s, env: s.run_nodes(bw_run, saved_list + tangents, grads, "bwd", env, False))
+    _, saved_sids = _run_step(sim, split, param_indices=param_indices, num_fwd_outputs=num_fwd_outputs,
+                              device=device, optimizer=optimizer)
+    return PredictedPartition(sim.peak, sim.peak_at, sum(sim.size[s] for _, s in saved_sids),
+                              frozenset(n.name for n in recomputed))
