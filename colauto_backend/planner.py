@@ -138,7 +138,7 @@ class Planner:
         simulated = {}
         for keep, bound in zip(cands.decisions, cands.bounds):
             if held + bound <= limit:
-                simulated[keep] = self._simulate(keep)
+                simulated[keep] = self.partitioned(keep)
         fits = [v for v in simulated.values() if v[0]["peak_memory_bytes"] <= limit]
         if fits:
             ev, graphs, analysis = min(fits, key=lambda v: v[0]["est_step_time_s"])
@@ -146,13 +146,13 @@ class Planner:
                                   cands.quantum, cands.solve_s, start)
             return dataclasses.replace(described, partitions_run=len(self._simulated) - seen), graphs, analysis
         # nothing fits: find the least peak among the candidates to tell the user
-        least = min((self._simulate(keep)[0] for keep in cands.decisions), key=lambda ev: ev["peak_memory_bytes"])
+        least = min((self.partitioned(keep)[0] for keep in cands.decisions), key=lambda ev: ev["peak_memory_bytes"])
         raise _budget_error(budget, least)
 
     def _plan_modeled(self, budget: int | None, limit: float, cands: "_Candidates", partition: bool,
                       start: float, seen: int) -> tuple[Plan, tuple | None, Analysis]:
         """Choose among modeled candidates; with `partition`, confirm the choice on its real partition."""
-        modeled = {keep: self._model(keep) for keep in cands.decisions}
+        modeled = {keep: self.modeled(keep) for keep in cands.decisions}
         fits = sorted((keep for keep, (ev, _) in modeled.items() if ev["peak_memory_bytes"] <= limit),
                       key=lambda keep: (modeled[keep][0]["est_step_time_s"], cands.decisions.index(keep)))
         misses = 0
@@ -163,7 +163,7 @@ class Planner:
                                       cands.quantum, cands.solve_s, start)
                 return dataclasses.replace(described, modeled_plans=len(modeled), partition_checked=False,
                                            peak_modeled_bytes=ev_model["peak_memory_bytes"]), None, analysis_model
-            ev, graphs, analysis = self._simulate(keep)
+            ev, graphs, analysis = self.partitioned(keep)
             if ev["peak_memory_bytes"] > limit:     # the model was wrong about this one: the next
                 misses += 1
                 continue
@@ -173,11 +173,16 @@ class Planner:
                                        modeled_plans=len(modeled), model_misses=misses,
                                        peak_modeled_bytes=ev_model["peak_memory_bytes"]), graphs, analysis
         least_keep = min(modeled, key=lambda keep: modeled[keep][0]["peak_memory_bytes"])
-        least = self._simulate(least_keep)[0] if partition else modeled[least_keep][0]
+        least = self.partitioned(least_keep)[0] if partition else modeled[least_keep][0]
         raise _budget_error(budget, least)
 
-    def _model(self, keep: tuple) -> tuple[dict, Analysis]:
-        """The candidate's modeled partition, as the numbers plan() reads (computed once per candidate)."""
+    def candidates(self) -> list[tuple]:
+        """Every candidate plan: its tags, one per node the DP decides (what `modeled` and `partitioned` take)."""
+        return self._candidate_set().decisions
+
+    def modeled(self, keep: tuple) -> tuple[dict, Analysis]:
+        """The candidate's modeled partition (`predict`), as the numbers plan() reads: evaluate()'s keys
+        with the modeled peak, saved bytes and recompute time (computed once per candidate)."""
         if keep not in self._modeled:
             names = self._candidate_set().names
             pred = self.predict({n: k for n, k in zip(names, keep) if k is not None})
@@ -215,7 +220,7 @@ class Planner:
                                        time.perf_counter() - start)
         return self._candidates
 
-    def _simulate(self, keep: tuple) -> tuple[dict, tuple, Analysis]:
+    def partitioned(self, keep: tuple) -> tuple[dict, tuple, Analysis]:
         """The candidate's partition and its simulated step (computed once per candidate)."""
         if keep not in self._simulated:
             emit.tag(self.joint.graph, self._candidate_set().names, keep)

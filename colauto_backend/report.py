@@ -179,8 +179,15 @@ def _plan_lines(plan: dict | None) -> list[str]:
              f"{fmt_bytes(plan['saved_without_bytes'])} -> {fmt_bytes(plan['saved_with_bytes'])}"]
     if plan["recomputed"]:
         added = plan["step_time_with_s"] / plan["step_time_without_s"] - 1 if plan["step_time_without_s"] else 0.0
+        if plan.get("modeled_plans"):
+            checked = ("the chosen one's real partition checked" if plan.get("partition_checked", True)
+                       else "not partitioned (explain: compile checks the chosen one's real partition)")
+            miss = f", {plan['model_misses']} rejected by their real partition" if plan.get("model_misses") else ""
+            candidates = f"{plan['modeled_plans']} partitions modeled, {checked}{miss}"
+        else:
+            candidates = f"{plan['simulated_plans']} simulated"
         lines.append(f"recompute adds {plan['recompute_time_s'] * 1e3:.3f} ms ({added:+.1%} est. step time); "
-                     f"{plan['frontier_points']} Pareto plans, {plan['simulated_plans']} simulated, "
+                     f"{plan['frontier_points']} Pareto plans, {candidates}, "
                      f"solved in {plan['solve_s'] * 1e3:.0f} ms")
         for layer, ops in plan["recomputed"].items():
             counts: dict[str, int] = {}
