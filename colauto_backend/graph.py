@@ -52,7 +52,7 @@ def remat_problem(joint: fx.Graph, node_time: dict[str, float], subs: dict, unit
     dag = forward_dag(joint)
     nodes = list(nx.lexicographical_topological_sort(dag, key=lambda n: dag.nodes[n]["order"]))
     index = {n: i for i, n in enumerate(nodes)}
-    nbytes = [_kept_bytes(n, subs) for n in nodes]
+    nbytes = [kept_bytes(n, subs) for n in nodes]
     keepable = [_can_keep(n) for n in nodes]
     quantum = grid_quantum([b for b, k in zip(nbytes, keepable) if k], units)
     size, time, inputs, needed, can_keep, can_recompute = [], [], [], [], [], []
@@ -104,7 +104,7 @@ def grid_quantum(keepable: list[float], units: int = 512) -> float:
     return quantum
 
 
-def _kept_bytes(n: fx.Node, subs: dict) -> float:
+def kept_bytes(n: fx.Node, subs: dict) -> float:
     val = n.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return 0.0

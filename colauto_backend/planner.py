@@ -200,7 +200,7 @@ class Planner:
         start = time.perf_counter()
         baseline = self.baseline
         frontier, nodes, quantum, problem = _solve(self.joint, baseline, self.base, self.buffers)
-        points = _candidates(len(frontier.memory), MAX_CANDIDATES if self.predict is None else MAX_MODELED)
+        points = spread_points(len(frontier.memory), MAX_CANDIDATES if self.predict is None else MAX_MODELED)
         # A node the plan may not recompute (random ops, readers of module buffers) is tagged MUST_SAVE
         # where the DP did not keep it: "never recompute; save if backward reads it". MUST_RECOMPUTE there
         # made the min-cut partitioner (Inductor and Triton codegen) recompute it in backward anyway: a
@@ -280,7 +280,7 @@ def _tags(choices: tuple[int, ...], nodes: list, only: set[str] | None,
                  for n, c, f in zip(nodes, choices, fixed))
 
 
-def _candidates(n_points: int, most: int = MAX_CANDIDATES) -> list[int]:
+def spread_points(n_points: int, most: int = MAX_CANDIDATES) -> list[int]:
     """Frontier points considered, fastest first: all, or `most` spread evenly. The set does not depend
     on the budget, which is what makes the choice monotone in the budget."""
     if n_points <= most:
