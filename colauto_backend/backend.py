@@ -123,7 +123,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             predict = None if config.codegen != "aten" else functools.partial(
                 memory.predict_partition, joint.graph, num_fwd_outputs=num_fwd_outputs, param_indices=params,
                 device=device, optimizer=config.optimizer, hints=baseline.hints)
-            remat = planner.Planner(joint, split, baseline, analysis_for, buffers, predict)
+            remat = planner.Planner(joint, split, baseline, analysis_for, buffers, predict,
+                                    cache_settings=(config.codegen, repr(device), config.optimizer, dp is not None))
             chosen, graphs, analysis = remat.plan(budget)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
             publish(analysis)

@@ -147,8 +147,10 @@ _FIELDS = {
     "comm": ("COLAUTO_COMM", _comm),
     "cudagraphs": ("COLAUTO_CUDAGRAPHS", _cudagraphs),
 }
-# Read by triton_kernels itself (a package that does not depend on this one); validated here.
-KERNEL_VARS = {"COLAUTO_CACHE_DIR": None, "COLAUTO_PRINT_KERNELS": ("0", "1"), "COLAUTO_AUTOTUNE": ("0", "1")}
+# Read where they are used (triton_kernels, a package that does not depend on this one; plan_cache.py);
+# validated here.
+KERNEL_VARS = {"COLAUTO_CACHE_DIR": None, "COLAUTO_PRINT_KERNELS": ("0", "1"), "COLAUTO_AUTOTUNE": ("0", "1"),
+               "COLAUTO_PLAN_CACHE": ("0", "1")}
 ENV_VARS = tuple(var for var, _ in _FIELDS.values()) + tuple(KERNEL_VARS)
 
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
-from . import graph
+from . import graph, plan_cache
 from ._torch_compat import PassThroughError
 from .analysis import Analysis, layer_of
 from .cost.memory import PredictedPartition
@@ -77,6 +77,7 @@ class Plan:
     peak_modeled_bytes: int = 0           # the model's peak for the chosen plan (0: not modeled)
     partition_checked: bool = True        # peak_with_bytes is the real partition's (explain: the model's)
     model_misses: int = 0                 # chosen by the model, rejected by their real partition
+    cache: str = ""                       # the on-disk plan cache: hit, stored, "stale, replaced", not stored: why
     quantum_bytes: float = 0.0
     solve_s: float = 0.0                  # problem construction + DP
     plan_s: float = 0.0                   # everything, simulations of candidate plans included
@@ -112,9 +113,13 @@ class Planner:
     def __init__(self, joint: fx.GraphModule, partition: Callable, baseline: Analysis,
                  analysis_for: Callable[[fx.GraphModule, fx.GraphModule], Analysis],
                  buffers: frozenset[str] = frozenset(),
-                 predict: Callable[[dict[str, bool]], PredictedPartition] | None = None) -> None:
-        """`predict`: the modeled partition of a candidate's tags (None: run every candidate's partition)."""
+                 predict: Callable[[dict[str, bool]], PredictedPartition] | None = None,
+                 cache_settings: tuple | None = None) -> None:
+        """`predict`: the modeled partition of a candidate's tags (None: run every candidate's partition).
+        `cache_settings`: what else the plan depends on (codegen, device, optimizer), for the on-disk plan
+        cache (plan_cache.py); None: no cache."""
         self.joint, self.partition, self.baseline = joint, partition, baseline
+        self.cache_settings = cache_settings
         self.analysis_for, self.buffers, self.predict = analysis_for, buffers, predict
         self.base = baseline.evaluate(baseline.hints)
         self._candidates: _Candidates | None = None
@@ -124,12 +129,32 @@ class Planner:
 
     def plan(self, budget: int | None, partition: bool = True) -> tuple[Plan, tuple | None, Analysis]:
         """(plan, (fw, bw) or None where the unplanned partition fits, analysis of the chosen partition).
-        partition=False (explain): a modeled plan is described as the model predicts it, not partitioned."""
+        partition=False (explain): a modeled plan is described as the model predicts it, not partitioned,
+        and the plan cache is neither read nor written."""
         start, seen = time.perf_counter(), len(self._simulated)
         base, baseline = self.base, self.baseline
         limit = float("inf") if budget is None else budget * (1 - HEADROOM)
         if base["peak_memory_bytes"] <= limit:
             return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
+        if not partition or self.cache_settings is None:
+            return self._choose(budget, limit, partition, start, seen)[:3]
+        digest = plan_cache.key(self.joint, (*self.cache_settings, budget, HEADROOM, self.buffers,
+                                             sorted((str(k), v) for k, v in baseline.hints.items())))
+        stored = plan_cache.load(digest)
+        if stored is not None:
+            ev, graphs, analysis = self._partition(tuple(stored["names"]), tuple(stored["keep"]))
+            if ev["peak_memory_bytes"] <= limit:
+                described = _describe(budget, base, ev, analysis, 0, 1, 0.0, 0.0, start)
+                return dataclasses.replace(described, partitions_run=1, cache="hit"), graphs, analysis
+        described, graphs, analysis, keep = self._choose(budget, limit, partition, start, seen)
+        error = plan_cache.store(digest, {"names": self._candidate_set().names, "keep": list(keep)})
+        cache = "stale, replaced" if stored is not None else "stored"
+        return dataclasses.replace(described, cache=cache if error is None else f"not stored: {error}"), graphs, analysis
+
+    def _choose(self, budget: int | None, limit: float, partition: bool, start: float,
+                seen: int) -> tuple[Plan, tuple | None, Analysis, tuple]:
+        """The plan over the candidate set (the DP's frontier), and the chosen candidate's tags."""
+        base = self.base
         cands = self._candidate_set()
         if self.predict is not None:
             return self._plan_modeled(budget, limit, cands, partition, start, seen)
@@ -139,18 +164,19 @@ class Planner:
         for keep, bound in zip(cands.decisions, cands.bounds):
             if held + bound <= limit:
                 simulated[keep] = self.partitioned(keep)
-        fits = [v for v in simulated.values() if v[0]["peak_memory_bytes"] <= limit]
+        fits = [keep for keep, v in simulated.items() if v[0]["peak_memory_bytes"] <= limit]
         if fits:
-            ev, graphs, analysis = min(fits, key=lambda v: v[0]["est_step_time_s"])
+            keep = min(fits, key=lambda k: simulated[k][0]["est_step_time_s"])
+            ev, graphs, analysis = simulated[keep]
             described = _describe(budget, base, ev, analysis, len(cands.frontier.memory), len(simulated),
                                   cands.quantum, cands.solve_s, start)
-            return dataclasses.replace(described, partitions_run=len(self._simulated) - seen), graphs, analysis
+            return dataclasses.replace(described, partitions_run=len(self._simulated) - seen), graphs, analysis, keep
         # nothing fits: find the least peak among the candidates to tell the user
         least = min((self.partitioned(keep)[0] for keep in cands.decisions), key=lambda ev: ev["peak_memory_bytes"])
         raise _budget_error(budget, least)
 
     def _plan_modeled(self, budget: int | None, limit: float, cands: "_Candidates", partition: bool,
-                      start: float, seen: int) -> tuple[Plan, tuple | None, Analysis]:
+                      start: float, seen: int) -> tuple[Plan, tuple | None, Analysis, tuple]:
         """Choose among modeled candidates; with `partition`, confirm the choice on its real partition."""
         modeled = {keep: self.modeled(keep) for keep in cands.decisions}
         fits = sorted((keep for keep, (ev, _) in modeled.items() if ev["peak_memory_bytes"] <= limit),
@@ -162,7 +188,7 @@ class Planner:
                 described = _describe(budget, self.base, ev_model, analysis_model, len(cands.frontier.memory), 0,
                                       cands.quantum, cands.solve_s, start)
                 return dataclasses.replace(described, modeled_plans=len(modeled), partition_checked=False,
-                                           peak_modeled_bytes=ev_model["peak_memory_bytes"]), None, analysis_model
+                                           peak_modeled_bytes=ev_model["peak_memory_bytes"]), None, analysis_model, keep
             ev, graphs, analysis = self.partitioned(keep)
             if ev["peak_memory_bytes"] > limit:     # the model was wrong about this one: the next
                 misses += 1
@@ -171,7 +197,7 @@ class Planner:
                                   cands.quantum, cands.solve_s, start)
             return dataclasses.replace(described, partitions_run=len(self._simulated) - seen,
                                        modeled_plans=len(modeled), model_misses=misses,
-                                       peak_modeled_bytes=ev_model["peak_memory_bytes"]), graphs, analysis
+                                       peak_modeled_bytes=ev_model["peak_memory_bytes"]), graphs, analysis, keep
         least_keep = min(modeled, key=lambda keep: modeled[keep][0]["peak_memory_bytes"])
         least = self.partitioned(least_keep)[0] if partition else modeled[least_keep][0]
         raise _budget_error(budget, least)
@@ -222,8 +248,12 @@ class Planner:
 
     def partitioned(self, keep: tuple) -> tuple[dict, tuple, Analysis]:
         """The candidate's partition and its simulated step (computed once per candidate)."""
+        return self._partition(tuple(self._candidate_set().names), keep)
+
+    def _partition(self, names: tuple[str, ...], keep: tuple) -> tuple[dict, tuple, Analysis]:
+        """The partition under tags `keep` on the nodes `names`, and its simulated step (once per tags)."""
         if keep not in self._simulated:
-            emit.tag(self.joint.graph, self._candidate_set().names, keep)
+            emit.tag(self.joint.graph, names, keep)
             try:
                 fw, bw = self.partition()
             finally:

@@ -186,6 +186,10 @@ def _plan_lines(plan: dict | None) -> list[str]:
             candidates = f"{plan['modeled_plans']} partitions modeled, {checked}{miss}"
         else:
             candidates = f"{plan['simulated_plans']} simulated"
+        if plan.get("cache") == "hit":
+            candidates = "plan cache hit: the stored plan partitioned, nothing solved"
+        elif plan.get("cache"):
+            candidates += f"; plan cache: {plan['cache']}"
         lines.append(f"recompute adds {plan['recompute_time_s'] * 1e3:.3f} ms ({added:+.1%} est. step time); "
                      f"{plan['frontier_points']} Pareto plans, {candidates}, "
                      f"solved in {plan['solve_s'] * 1e3:.0f} ms")

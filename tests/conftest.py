@@ -30,11 +30,26 @@ from strict_deps import (pytest_addoption, pytest_make_collect_report, pytest_ru
                          pytest_runtest_makereport, pytest_sessionfinish)
 
 
+# Longest first: under `-n` (pytest-xdist hands tests to workers in collection order) a long test left for
+# last runs alone on one core while the other idles. The multi-process launches take 1-2 minutes each.
+SLOW_FIRST = ("test_dist.py", "test_parallel_data.py", "test_hf_models.py", "test_remat.py", "test_explain_cli.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
+    items.sort(key=rank)      # stable: file order within each module
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo(monkeypatch):
-    """Each test compiles from scratch and sees no COLAUTO_* from the caller's shell."""
+    """Each test compiles from scratch and sees no COLAUTO_* from the caller's shell. The on-disk plan
+    cache is off (a plan stored by another test or run would replace the planning under test);
+    tests/test_remat.py turns it on where it is the subject."""
     for var in [v for v in os.environ if v.startswith("COLAUTO_")]:
         monkeypatch.delenv(var)
+    monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
     torch._dynamo.reset()
     torch.manual_seed(0)
     from colauto_backend.backend import ANALYSES

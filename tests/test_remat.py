@@ -165,6 +165,47 @@ def test_compile_checks_the_modeled_plan_on_its_real_partition():
     assert ran.recomputed == explained.recomputed and ran.peak_with_bytes == explained.peak_with_bytes <= budgets[1]
 
 
+def test_second_launch_plans_nothing(monkeypatch, tmp_path):
+    """The on-disk plan cache: a second compile of the same model, inputs and budget in a fresh Dynamo
+    (as a second launch of the script) solves no DP and evaluates no candidate: it partitions the stored
+    plan once, and trains to the same gradients. A stored plan that no longer fits is planned anew and
+    replaced; an unreadable file is a miss."""
+    from colauto_backend.backend import ANALYSES
+    monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+    model, make = build("hf_llama")
+    inputs = make(4, 64)
+    budgets, _ = budgets_between(model, inputs, 4)
+
+    def launch(budget):
+        torch._dynamo.reset()
+        ANALYSES.clear()
+        loss = torch.compile(model, backend="colauto", options={"memory_budget": budget})(*inputs)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        return ANALYSES[-1].plan, loss.detach(), grads
+    first, loss1, grads1 = launch(budgets[1])
+    files = list((tmp_path / "plans").glob("*.json"))
+    assert first.cache == "stored" and first.frontier_points > 0 and first.recomputed and len(files) == 1
+    second, loss2, grads2 = launch(budgets[1])
+    assert second.cache == "hit" and second.frontier_points == 0 and second.modeled_plans == 0
+    assert second.partitions_run == 1 and second.solve_s == 0.0
+    assert second.recomputed == first.recomputed and second.peak_with_bytes == first.peak_with_bytes
+    torch.testing.assert_close(loss2, loss1, rtol=0, atol=0)
+    for n in grads1:
+        torch.testing.assert_close(grads2[n], grads1[n], rtol=0, atol=0)
+    stored = json.loads(files[0].read_text())            # a plan that keeps everything: over the budget
+    files[0].write_text(json.dumps(dict(stored, keep=[True] * len(stored["keep"]))))
+    stale, _, _ = launch(budgets[1])
+    assert stale.cache == "stale, replaced" and stale.recomputed == first.recomputed
+    assert json.loads(files[0].read_text()) == stored
+    files[0].write_text("{not json")
+    assert launch(budgets[1])[0].cache == "stored"
+    assert launch(budgets[2])[0].cache == "stored"        # another budget is another plan
+    assert len(list((tmp_path / "plans").glob("*.json"))) == 2
+
+
 def test_a_reused_capture_plans_as_a_fresh_one():
     """A budget planned on explain()'s cached capture gives the plan a fresh capture gives (a copy of the
     model is captured anew); changing the inputs' shape captures again."""

@@ -1,0 +1,73 @@
+"""The on-disk plan cache: a second launch of the same script plans nothing.
+
+A rematerialization plan is the set of forward nodes kept for backward, by node name. It is stored
+under COLAUTO_CACHE_DIR/plans (default ~/.cache/colauto/plans) in a file named by a hash of everything
+the choice depends on: the joint graph's code, its inputs' shapes and dtypes, the example sizes, the
+budget, the codegen, the device and optimizer models, and the versions of torch and of this format.
+On a hit the planner tags the joint graph with the stored decisions and partitions it once, with no
+DP and no candidate; the plan is used only if its simulated peak still fits the budget (otherwise it is
+planned anew, and Plan.cache says "stale"). COLAUTO_PLAN_CACHE=0 turns the cache off.
+Files are written whole (a temporary file renamed over the target), so ranks of one job that write
+the same plan at once leave one valid file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+FORMAT = 1        # bump when what a file holds, or what the planner does with it, changes
+
+
+def directory() -> Path | None:
+    """Where plans are kept; None when COLAUTO_PLAN_CACHE=0."""
+    if os.environ.get("COLAUTO_PLAN_CACHE", "1") == "0":
+        return None
+    base = os.environ.get("COLAUTO_CACHE_DIR")
+    return (Path(base) if base else Path.home() / ".cache" / "colauto") / "plans"
+
+
+def key(joint: fx.GraphModule, settings: tuple) -> str:
+    """A hash of the joint graph (its code and its inputs' shapes and dtypes) and `settings` (repr'd)."""
+    inputs = []
+    for n in joint.graph.nodes:
+        if n.op == "placeholder":
+            val = n.meta.get("val")
+            inputs.append((n.name, str(tuple(val.shape)), str(val.dtype)) if isinstance(val, torch.Tensor)
+                          else (n.name, repr(val)))
+    text = repr((FORMAT, torch.__version__, joint.code, inputs, settings))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def load(digest: str) -> dict[str, Any] | None:
+    """The stored plan, or None (no cache, no file, or a file that does not parse)."""
+    where = directory()
+    if where is None:
+        return None
+    try:
+        with open(where / f"{digest}.json") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def store(digest: str, plan: dict[str, Any]) -> str | None:
+    """Write the plan; None, or why it could not be written (Plan.cache reports it; the plan is used)."""
+    where = directory()
+    if where is None:
+        return "COLAUTO_PLAN_CACHE=0"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=where, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(plan, f)
+        os.replace(tmp, where / f"{digest}.json")
+    except OSError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
