@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -35,11 +36,15 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     results = []
     for spec in args.runs:
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             results.append(run(spec, args))
         except Exception as exc:  # noqa: BLE001 - recorded, so one failing run does not hide the others
             results.append({"run": spec, "error": f"{type(exc).__name__}: {exc}"[:2000],
                             "traceback": traceback.format_exc()[-4000:]})
+        results[-1] |= {"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu}
+        if dist.get_rank() == 0:
+            print(f"{spec}: {results[-1]['seconds']:.1f} s ({results[-1]['cpu_seconds']:.1f} s CPU)", flush=True)
         with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
             json.dump(results, f)
     dist.destroy_process_group()

@@ -8,7 +8,8 @@ parameter shapes and, with --checkpoint, a torch.distributed.checkpoint round tr
     torchrun --nproc-per-node 2 tests/dist/train_worker.py --out /tmp/r gpt2@dp=2 llama@auto
 
 MODEL+outside computes the loss outside the model, from the logits it returns (each rank's part);
-MODEL+frozen freezes one parameter in both models.
+MODEL+frozen freezes one parameter in both models; MODEL+triton compiles with codegen triton (as
+COLAUTO_CODEGEN=triton; Triton's interpreter on CPU, TRITON_INTERPRET=1).
 """
 import argparse
 import copy
@@ -41,10 +42,11 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     results = []
     for spec in args.runs:
-        start = time.perf_counter()
-        results.append(run(spec, args) | {"seconds": time.perf_counter() - start})
+        start, cpu = time.perf_counter(), time.process_time()
+        results.append(run(spec, args) | {"seconds": time.perf_counter() - start,
+                                          "cpu_seconds": time.process_time() - cpu})
         if dist.get_rank() == 0:
-            print(f"{spec}: {results[-1]['seconds']:.1f} s", flush=True)
+            print(f"{spec}: {results[-1]['seconds']:.1f} s ({results[-1]['cpu_seconds']:.1f} s CPU)", flush=True)
     with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
@@ -52,7 +54,7 @@ def main() -> None:
 
 def run(spec: str, args) -> dict:
     model_name, mesh, *extra = spec.split("@")      # MODEL[+outside][+frozen]@MESH[@BUDGET@COMM]
-    model_name, *flags = model_name.split("+")
+    model_name, *flags = model_name.split("+")     # +outside, +frozen, +triton
     outside = "outside" in flags
     rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
@@ -68,6 +70,8 @@ def run(spec: str, args) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     options = {"mesh": mesh} | dict(zip(("memory_budget", "comm"), extra))
+    if "triton" in flags:
+        options["codegen"] = "triton"
     compiled = torch.compile(model, backend="colauto", options=options)
     with torch.no_grad():          # the first call shards; under no_grad it compiles an inference graph
         first = compiled(xs, ys).item()
