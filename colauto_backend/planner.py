@@ -179,8 +179,9 @@ class Planner:
                       start: float, seen: int) -> tuple[Plan, tuple | None, Analysis, tuple]:
         """Choose among modeled candidates; with `partition`, confirm the choice on its real partition."""
         modeled = {keep: self.modeled(keep) for keep in cands.decisions}
+        # fastest first; sorted() is stable, so equal times keep the candidates' order (fastest point first)
         fits = sorted((keep for keep, (ev, _) in modeled.items() if ev["peak_memory_bytes"] <= limit),
-                      key=lambda keep: (modeled[keep][0]["est_step_time_s"], cands.decisions.index(keep)))
+                      key=lambda keep: modeled[keep][0]["est_step_time_s"])
         misses = 0
         for keep in fits:
             ev_model, analysis_model = modeled[keep]

@@ -409,7 +409,8 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
     tangents = [n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")]
     primals = [n for n in nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
     backward = [n for n in nodes if n.op == "call_function" and n.meta.get("partitioner_tag") == "is_backward"]
-    in_backward = set(backward) | set(tangents)
+    backward_set = set(backward)
+    in_backward = backward_set | set(tangents)
     fw_outputs, grads = list(out_node.args[0][:num_fwd_outputs]), list(out_node.args[0][num_fwd_outputs:])
 
     def saveable(n: fx.Node) -> bool:
@@ -420,7 +421,7 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
         multi = len(n.users) > 0 and all(u.target is operator.getitem for u in n.users)
         return not multi
 
-    saved: dict[fx.Node, None] = {}
+    saved: set[fx.Node] = set()
     recomputed: set[fx.Node] = set()
     stack = [a for b in backward for a in b.all_input_nodes if a not in in_backward]
     stack += [g for g in grads if isinstance(g, fx.Node) and g not in in_backward]
@@ -429,7 +430,7 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
         if a in saved or a in recomputed:
             continue
         if saveable(a):
-            saved[a] = None
+            saved.add(a)
         else:
             recomputed.add(a)
             stack.extend(x for x in a.all_input_nodes if x not in in_backward)
@@ -460,7 +461,6 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
         for x in sorted(found, key=order.get):
             done.add(x)
             bw_run.append(x)
-    backward_set = set(backward)
     if first is None:
         bw_run = bw_all
     else:
