@@ -7,6 +7,7 @@ import numpy as np
 from colauto_backend import planner, graph
 
 orig = planner.remat_frontier
+kept_bytes = getattr(graph, "kept_bytes", None) or graph._kept_bytes   # named _kept_bytes before 0032ff4
 TARGETS_MS = [0.2, 1.0, 2.77, 4.43, 4.80, 5.54, 10.34, 20.0]   # the recompute the fb90d38 and HEAD plans chose, and a few more
 
 
@@ -16,7 +17,7 @@ def hook(joint, baseline, base, buffers=frozenset()):
         return fr, nodes, q
     hook.done = True
     mem, t = np.asarray(fr.memory), np.asarray(fr.time)
-    exact = lambda k: sum(graph._kept_bytes(n, baseline.hints) for n, kp in zip(nodes, fr.keep(k)) if kp)  # noqa: E731
+    exact = lambda k: sum(kept_bytes(n, baseline.hints) for n, kp in zip(nodes, fr.keep(k)) if kp)  # noqa: E731
     top = len(mem) - 1
     ex_top = exact(top)
     print(f"PROBE quantum {q / 2**20:.2f} MiB, {len(mem)} frontier points; keeping everything: "
