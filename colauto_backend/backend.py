@@ -118,13 +118,15 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             grads = list(bw.graph.nodes)[-1].args[0]
             buffers = frozenset(placeholders[i].name for i in params
                                 if i >= len(grads) or grads[i] is None)   # static, no gradient
-            # aten: default_partition follows the tags exactly, so a candidate's partition is modeled, not
-            # run (Triton's min-cut also places the untagged views: modeled peaks were off by up to 11%)
-            predict = None if config.codegen != "aten" else functools.partial(
+            # a candidate's partition is modeled, not run: exactly for aten (default_partition follows the
+            # tags); under min-cut (Inductor, Triton), which also places untagged views, within a few %,
+            # and the planner checks the plan it chooses on its real partition
+            predict = functools.partial(
                 memory.predict_partition, joint.graph, num_fwd_outputs=num_fwd_outputs, param_indices=params,
                 device=device, optimizer=config.optimizer, hints=baseline.hints)
             remat = planner.Planner(joint, split, baseline, analysis_for, buffers, predict,
-                                    cache_settings=(config.codegen, repr(device), config.optimizer, dp is not None))
+                                    cache_settings=(config.codegen, repr(device), config.optimizer, dp is not None),
+                                    exact=config.codegen == "aten")
             chosen, graphs, analysis = remat.plan(budget)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
             publish(analysis)

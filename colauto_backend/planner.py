@@ -8,19 +8,25 @@
    MAX_CANDIDATES spread evenly) become candidate plans. Under Inductor codegen a candidate fixes only
    the compute-bound nodes (matmuls, attention); the min-cut partitioner places the fusible ops
    around them (emit/remat.py).
-3. Aten codegen (every node of a candidate decided): each candidate's partition is modeled,
-   not run (cost/memory.predict_partition: which values the partitioner saves and recomputes, and the
-   step's liveness at the example sizes), for up to MAX_MODELED frontier points. The plan is the
+3. Each candidate that decides every node has its partition modeled, not run
+   (cost/memory.predict_partition: which values the partitioner saves and recomputes, and the step's
+   liveness at the example sizes), for up to MAX_MODELED frontier points. The modeled plan is the
    candidate with the least predicted step time whose modeled peak fits; its real partition is then
-   run and simulated, and if that peak does not fit, the next candidate is tried (`Plan.model_misses`).
-   explain() reports the modeled plan without partitioning (Planner.plan(partition=False)).
-   Inductor and Triton codegen (min-cut decides the untagged nodes, views included, which the model
-   does not predict: off by up to 11% on Triton): each of up to MAX_CANDIDATES candidates is
-   partitioned for real and simulated.
+   run and simulated, and if that peak does not fit, the next candidate is tried (`Plan.model_misses`),
+   skipping those the model's error on the missed one puts over the budget. The model is exact for
+   aten's default_partition; under Inductor and Triton codegen the min-cut partitioner also places
+   the untagged views, and the modeled peak is off by a few percent (checked on real partitions).
+   explain() reports the modeled plan without partitioning where the model is exact (aten:
+   Planner.plan(partition=False)); otherwise it reports the real partition of the plan, as compiling does.
+4. Under Inductor and Triton codegen, the candidates that fix only the compute-bound nodes (min-cut
+   places all the rest, which no model predicts) are searched on real partitions: along the frontier
+   (fastest first, peaks falling) a bisection for the first that fits, log2(MAX_CANDIDATES) + 1
+   partitions. The plan is the faster of this and the modeled choice.
 "Fits" means a simulated peak within the budget less HEADROOM (0.5%, for allocations the model does
-not see). The rule is monotone by construction: the candidate set does not depend on the budget, and a
-smaller budget only shrinks the set of candidates that fit, so it never gets a faster plan, nor one
-with a larger predicted peak.
+not see). The candidate set does not depend on the budget, and a smaller budget only shrinks the set
+of candidates that fit; the choice among them is monotone where the model is exact (aten). Where it
+is not, a model miss or the bisection can pass over a fitting candidate, so a smaller budget can
+(rarely) get a slightly faster plan.
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ HEADROOM = 0.005
 MAX_CANDIDATES = 12
 # Frontier points whose partition is modeled (each costs one liveness pass at the example sizes).
 MAX_MODELED = 64
+# Real partitions that may check modeled candidates for one budget (planner.Planner._probe).
+MAX_PROBES = 6
 
 
 class BudgetError(PassThroughError):
@@ -99,6 +107,7 @@ class _Candidates:
     """The budget-independent part of planning one joint graph."""
     decisions: list[tuple]        # per candidate: tags for the partitioner, one per node of `names`
     bounds: list[float]           # per candidate: a lower bound of the bytes it keeps for backward
+    searched: list[tuple]         # candidates (of `decisions`) the model cannot describe, fastest first
     frontier: solver.Frontier
     names: list[str]              # the DP's nodes, in solver order
     quantum: float                # bytes per memory unit
@@ -114,17 +123,19 @@ class Planner:
                  analysis_for: Callable[[fx.GraphModule, fx.GraphModule], Analysis],
                  buffers: frozenset[str] = frozenset(),
                  predict: Callable[[dict[str, bool]], PredictedPartition] | None = None,
-                 cache_settings: tuple | None = None) -> None:
-        """`predict`: the modeled partition of a candidate's tags (None: run every candidate's partition).
+                 cache_settings: tuple | None = None, exact: bool = False) -> None:
+        """`predict`: the modeled partition of a candidate's tags (None: run every candidate's partition);
+        `exact`: it is the partition (aten's default_partition), so explain() need not run it.
         `cache_settings`: what else the plan depends on (codegen, device, optimizer), for the on-disk plan
         cache (plan_cache.py); None: no cache."""
         self.joint, self.partition, self.baseline = joint, partition, baseline
         self.cache_settings = cache_settings
-        self.analysis_for, self.buffers, self.predict = analysis_for, buffers, predict
+        self.analysis_for, self.buffers, self.predict, self.exact = analysis_for, buffers, predict, exact
         self.base = baseline.evaluate(baseline.hints)
         self._candidates: _Candidates | None = None
         self._simulated: dict[tuple, tuple[dict, tuple, Analysis]] = {}
         self._modeled: dict[tuple, tuple[dict, Analysis]] = {}
+        self._ratios: list[float] = []      # real / modeled peak of each modeled candidate partitioned
         self._again = {c.name: float(t) for c, t in zip(baseline.costs.nodes, self.base["_recompute_times"])}
 
     def plan(self, budget: int | None, partition: bool = True) -> tuple[Plan, tuple | None, Analysis]:
@@ -158,6 +169,7 @@ class Planner:
         cands = self._candidate_set()
         if self.predict is not None:
             return self._plan_modeled(budget, limit, cands, partition, start, seen)
+        # no model: every candidate is partitioned (kept for callers that pass no `predict`)
         # Lower bound of any plan's peak: what is held all step plus what the plan keeps for backward.
         held = base["param_bytes"] + base["optimizer_state_bytes"] + base["input_bytes"]
         simulated = {}
@@ -177,31 +189,92 @@ class Planner:
 
     def _plan_modeled(self, budget: int | None, limit: float, cands: "_Candidates", partition: bool,
                       start: float, seen: int) -> tuple[Plan, tuple | None, Analysis, tuple]:
-        """Choose among modeled candidates; with `partition`, confirm the choice on its real partition."""
-        modeled = {keep: self.modeled(keep) for keep in cands.decisions}
+        """Choose among modeled candidates; with `partition`, confirm the choice on its real partition.
+        The candidates the model cannot describe (`cands.searched`) are searched on real partitions, and
+        the faster of the two choices is the plan."""
+        searched = set(cands.searched)
+        modeled = {keep: self.modeled(keep) for keep in cands.decisions if keep not in searched}
         # fastest first; sorted() is stable, so equal times keep the candidates' order (fastest point first)
         fits = sorted((keep for keep, (ev, _) in modeled.items() if ev["peak_memory_bytes"] <= limit),
                       key=lambda keep: modeled[keep][0]["est_step_time_s"])
+        misses, chosen = 0, None
+        if fits and not partition and self.exact and fits[0] not in self._simulated:
+            keep = fits[0]       # the model is the partition: described without running it
+            chosen = (keep, modeled[keep][0], None, modeled[keep][1], False)
+        else:
+            chosen, misses = self._probe(modeled, limit)
+        found = self._search(cands.searched, limit)
+        if found is not None and (chosen is None or found[1]["est_step_time_s"] < chosen[1]["est_step_time_s"]):
+            chosen = (*found, True)
+        if chosen is None:     # the least peak known, to tell the user (every candidate run included)
+            least = [ev for ev, _, _ in self._simulated.values()]
+            least_keep = min(modeled, key=lambda keep: modeled[keep][0]["peak_memory_bytes"], default=None)
+            if least_keep is not None:
+                least.append(modeled[least_keep][0] if self.exact and not partition else self.partitioned(least_keep)[0])
+            raise _budget_error(budget, min(least, key=lambda ev: ev["peak_memory_bytes"]))
+        keep, ev, graphs, analysis, checked = chosen
+        described = _describe(budget, self.base, ev, analysis, len(cands.frontier.memory),
+                              len(self._simulated) - seen if checked else 0, cands.quantum, cands.solve_s, start)
+        ev_model = modeled.get(keep, (None,))[0]
+        return dataclasses.replace(described, partitions_run=len(self._simulated) - seen,
+                                   modeled_plans=len(modeled), model_misses=misses, partition_checked=checked,
+                                   peak_modeled_bytes=ev_model["peak_memory_bytes"] if ev_model else 0,
+                                   ), graphs, analysis, keep
+
+    def _probe(self, modeled: dict[tuple, tuple[dict, Analysis]], limit: float) -> tuple[tuple | None, int]:
+        """The fastest modeled candidate whose real partition fits, in a few real partitions: each probe is
+        the fastest candidate not yet run whose modeled peak, scaled by the median real/modeled ratio of
+        the partitions run so far (1 before any; exact for aten), fits; a candidate already run counts
+        at its real peak. It stops when no candidate faster than the best that fits is left to try, or
+        after MAX_PROBES. (chosen or None, probes that did not fit)."""
+        def time_of(keep: tuple) -> float:
+            return modeled[keep][0]["est_step_time_s"]
+
+        def fastest_fit() -> tuple | None:
+            ran = [(keep, *self._simulated[keep], True) for keep in modeled if keep in self._simulated
+                   and self._simulated[keep][0]["peak_memory_bytes"] <= limit]
+            return min(ran, key=lambda r: r[1]["est_step_time_s"], default=None)
+        order = sorted(modeled, key=time_of)   # stable: equal times keep the candidates' order
         misses = 0
-        for keep in fits:
-            ev_model, analysis_model = modeled[keep]
-            if not partition and keep not in self._simulated:
-                described = _describe(budget, self.base, ev_model, analysis_model, len(cands.frontier.memory), 0,
-                                      cands.quantum, cands.solve_s, start)
-                return dataclasses.replace(described, modeled_plans=len(modeled), partition_checked=False,
-                                           peak_modeled_bytes=ev_model["peak_memory_bytes"]), None, analysis_model, keep
-            ev, graphs, analysis = self.partitioned(keep)
-            if ev["peak_memory_bytes"] > limit:     # the model was wrong about this one: the next
-                misses += 1
-                continue
-            described = _describe(budget, self.base, ev, analysis, len(cands.frontier.memory), 1 + misses,
-                                  cands.quantum, cands.solve_s, start)
-            return dataclasses.replace(described, partitions_run=len(self._simulated) - seen,
-                                       modeled_plans=len(modeled), model_misses=misses,
-                                       peak_modeled_bytes=ev_model["peak_memory_bytes"]), graphs, analysis, keep
-        least_keep = min(modeled, key=lambda keep: modeled[keep][0]["peak_memory_bytes"])
-        least = self.partitioned(least_keep)[0] if partition else modeled[least_keep][0]
-        raise _budget_error(budget, least)
+        for _ in range(MAX_PROBES):
+            best, ratios = fastest_fit(), sorted(self._ratios)
+            scale = ratios[len(ratios) // 2] if ratios else 1.0
+            probe = next((keep for keep in order if keep not in self._simulated
+                          and (best is None or time_of(keep) < time_of(best[0]))
+                          and modeled[keep][0]["peak_memory_bytes"] * scale <= limit), None)
+            if probe is None:
+                break
+            ev = self.partitioned(probe)[0]
+            self._ratios.append(ev["peak_memory_bytes"] / modeled[probe][0]["peak_memory_bytes"])
+            misses += ev["peak_memory_bytes"] > limit
+        if fastest_fit() is None:    # near the least feasible budget the model's error decides: try the
+            for keep in sorted(modeled, key=lambda k: modeled[k][0]["peak_memory_bytes"])[:MAX_PROBES]:
+                if keep not in self._simulated:      # candidates of least modeled peak for real
+                    misses += self.partitioned(keep)[0]["peak_memory_bytes"] > limit
+                    if fastest_fit() is not None:
+                        break
+        return fastest_fit(), misses
+
+    def _search(self, ordered: list[tuple], limit: float) -> tuple[tuple, dict, tuple, Analysis] | None:
+        """The fastest of `ordered` (fastest first, peaks falling along it) whose real partition fits:
+        a bisection on real partitions, log2(len) + 1 of them, then the fastest that fit of those run."""
+        if not ordered:
+            return None
+        def fits(i: int) -> bool:
+            return self.partitioned(ordered[i])[0]["peak_memory_bytes"] <= limit
+        lo, hi = 0, len(ordered) - 1
+        if not fits(hi):
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        ran = [(keep, *self._simulated[keep]) for keep in ordered if keep in self._simulated]
+        keep, ev, graphs, analysis = min((r for r in ran if r[1]["peak_memory_bytes"] <= limit),
+                                         key=lambda r: r[1]["est_step_time_s"])
+        return keep, ev, graphs, analysis
 
     def candidates(self) -> list[tuple]:
         """Every candidate plan: its tags, one per node the DP decides (what `modeled` and `partitioned` take)."""
@@ -234,16 +307,22 @@ class Planner:
         # BatchNorm re-reading running stats the step had updated in place, or SDPA with its RNG state
         # functionalized.
         fixed = [not r for r in problem.can_recompute]
+        searched: list[tuple] = []
         if baseline.fused:   # each point twice: only its compute-bound decisions, and all of them
             compute = {c.name for c in baseline.costs.nodes if c.kind == "matmul"}
-            choices = [frontier.choices(p) for p in points]
-            decisions = list(dict.fromkeys(
-                [_tags(ch, nodes, compute, fixed) for ch in choices] + [_tags(ch, nodes, None, fixed) for ch in choices]))
+            decided = [_tags(frontier.choices(p), nodes, None, fixed) for p in points]
+            # compute-bound decisions only: min-cut places every other node, which no model predicts,
+            # so these are searched on real partitions (at most MAX_CANDIDATES points)
+            few = spread_points(len(frontier.memory)) if self.predict is not None else points
+            compute_only = [_tags(frontier.choices(p), nodes, compute, fixed) for p in few]
+            decisions = list(dict.fromkeys(compute_only + decided))
+            if self.predict is not None:
+                searched = [d for d in dict.fromkeys(compute_only) if d not in set(decided)]
             bounds = [0.0] * len(decisions)    # min-cut may keep less than the DP did: no bound
         else:
             decisions = [tuple(k or f for k, f in zip(frontier.keep(p), fixed)) for p in points]
             bounds = [(frontier.memory[p] - len(nodes)) * quantum for p in points]
-        self._candidates = _Candidates(decisions, bounds, frontier, [n.name for n in nodes], quantum,
+        self._candidates = _Candidates(decisions, bounds, searched, frontier, [n.name for n in nodes], quantum,
                                        time.perf_counter() - start)
         return self._candidates
 

@@ -47,3 +47,39 @@ def test_gradients_equal_eager_under_budget_with_inductor():
     torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+@pytest.mark.parametrize("name", ["hf_qwen2", "hf_gpt_neox"])
+def test_few_partitions_and_plans_as_fast_as_partitioning_every_candidate(name):
+    """Under min-cut (Inductor codegen) a plan is chosen from modeled candidates plus a bisection over
+    the compute-only ones, each checked on its real partition: against the exhaustive search (every
+    candidate of the old 12-point grid partitioned and simulated, `Planner(predict=None)`), every plan
+    fits the budget by its real partition, runs a handful of partitions, and is no slower than 3%; the
+    least feasible budget is within 3% of the exhaustive search's."""
+    import sys
+    from colauto_backend import planner as planner_mod
+    from examples.hf_zoo import build_hf
+    model, make = build_hf(name[3:])
+    kw = {"kwargs": make(4, 64)}
+    colauto_backend.explain(model, **kw, budget="none", options=OPTIONS)
+    fast = sys.modules["colauto_backend.profile"]._CAPTURES[model][1].planner
+    slow = planner_mod.Planner(fast.joint, fast.partition, fast.baseline, fast.analysis_for, fast.buffers)
+    with pytest.raises(BudgetError) as err:
+        slow.plan(1024)
+    lo, hi = err.value.smallest_bytes, fast.base["peak_memory_bytes"]
+    assert len(slow.candidates()) >= 20 and lo < hi
+
+    def check(budget):
+        ref, got = slow.plan(budget)[0], fast.plan(budget)[0]
+        assert got.partition_checked and got.peak_with_bytes <= budget, got
+        assert got.step_time_with_s <= ref.step_time_with_s * 1.03, (budget, got.step_time_with_s, ref.step_time_with_s)
+        return got
+    first = check(int(lo + 0.9 * (hi - lo)))
+    assert first.partitions_run <= 8, first.partitions_run    # later budgets reuse its partitions
+    for f in (0.6, 0.3):
+        check(int(lo + f * (hi - lo)))
+    with pytest.raises(BudgetError) as err_fast:
+        fast.plan(1024)
+    # the least feasible budget: within 3% of the exhaustive search's, and a plan there
+    assert err_fast.value.smallest_bytes <= lo * 1.03
+    check(max(lo, err_fast.value.smallest_bytes))
