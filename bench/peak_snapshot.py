@@ -1,9 +1,10 @@
 """Which buffers are live at a compiled training step's measured peak (CUDA).
 
     python -m bench.peak_snapshot --model gpt2:124m:16:1024 --budget 4197093376b --out DIR
+    python -m bench.peak_snapshot --model hf/gpt2:bench:8:1024 --budget none --out DIR
 
 Runs the step under colauto (Inductor codegen, the given COLAUTO_MEMORY_BUDGET; "inductor" for
-torch.compile's default backend), records the allocator history of one steady-state step, replays it
+torch.compile's default backend; "none" for colauto without a budget), records the allocator history of one steady-state step, replays it
 to find the peak and writes the live allocations there (size, allocating source line) to peak.txt,
 with the generated Inductor modules those lines come from. For checking the memory model by hand.
 """
@@ -17,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from bench.run import GiB, make_optimizer, parse_models, training_step
+from bench.run import GiB, build_model, make_optimizer, parse_models, training_step
 from colauto_backend import config
 from colauto_backend.backend import make_backend
-from examples.models import build
 
 
 def main(argv=None) -> int:
@@ -31,19 +31,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.device, args.dtype = "cuda", "bf16"
     spec = args.model[0]
-    model, make_inputs = build(spec["model"], spec["size"], device="cuda")
-    x, targets = make_inputs(spec["batch"], spec["seq"])
+    model, make_inputs, loss_of = build_model(spec, "cuda")   # the zoo's models or hf/<name>
+    x, *rest = make_inputs(spec["batch"], spec["seq"])
+    targets = rest[0] if rest else None
     options = {"codegen": "inductor", "memory_budget": args.budget}
     fn = torch.compile(model) if args.budget == "inductor" else \
         torch.compile(model, backend=make_backend(config.load(options)))
     opt = make_optimizer(model, "cuda")
 
     def step():
-        training_step(fn, opt, x, targets, args)
+        training_step(fn, opt, x, targets, args, loss_of)
 
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=200000)
     step()
     torch.cuda.synchronize()
@@ -67,7 +69,8 @@ def main(argv=None) -> int:
         if current > peak:
             peak, peak_live = current, list(live.values())
     files = set()
-    lines = [f"end-of-step allocated {base / GiB:.3f} GiB; peak of allocations made during the step "
+    lines = [f"max_memory_allocated over the step {torch.cuda.max_memory_allocated() / GiB:.3f} GiB",
+             f"end-of-step allocated {base / GiB:.3f} GiB; peak of allocations made during the step "
              f"{peak / GiB:.3f} GiB over what was live before it", ""]
     for e in sorted(peak_live, key=lambda e: -e["size"]):
         frame = next((f for f in e.get("frames", []) if "torchinductor" in f["filename"] or

@@ -1,6 +1,7 @@
 """Memory-budget sweep: colauto's rematerialization plans against Inductor's activation_memory_budget.
 
     python -m bench.remat_sweep --models gpt2:124m:16:1024 --out bench/results/<dir>
+    python -m bench.remat_sweep --models hf/qwen2:bench:8:1024 --out bench/results/<dir>
 
 Per model: colauto (Inductor codegen, so plans are compared, not kernels) at budgets that leave 100%,
 75% and 50% of the unconstrained activation memory (predicted peak minus parameters, gradients and
@@ -20,22 +21,24 @@ from pathlib import Path
 import torch
 
 import colauto_backend
-from bench.run import GiB, autocast, environment, parse_models, train
-from examples.models import build
+from bench.run import GiB, autocast, build_model, environment, parse_models, train
 
 
 def colauto_budgets(model, make_inputs, spec, args) -> list[tuple[str, int]]:
     """(label, bytes): 100/75/50% of the predicted unconstrained activation memory, and the smallest."""
     inputs = make_inputs(spec["batch"], spec["seq"])
+    # a transformers model takes keyword arguments (build_model's inputs are then one dict)
+    call = dict(kwargs=inputs[0]) if spec["model"].startswith("hf/") else {}
+    args_ = () if call else inputs
     with autocast(args):
         # the same graph the runs compile: Inductor codegen means Inductor's decompositions
-        prof = colauto_backend.profile(model, *inputs, options={"memory_budget": "none", "codegen": "inductor"})
+        prof = colauto_backend.profile(model, *args_, **call, options={"memory_budget": "none", "codegen": "inductor"})
         d = prof.details
         persistent = d["param_bytes"] + d["grad_bytes"] + d["optimizer_state_bytes"]
         activations = prof.peak_memory_bytes - persistent
         out = [(f"{int(f * 100)}% act", int(persistent + f * activations)) for f in (1.0, 0.75, 0.5)]
         try:
-            colauto_backend.explain(model, *inputs, budget=1024, options={"codegen": "inductor"})
+            colauto_backend.explain(model, *args_, **call, budget=1024, options={"codegen": "inductor"})
         except colauto_backend.BudgetError as err:
             out.append(("smallest", err.smallest_bytes))
     torch._dynamo.reset()
@@ -46,7 +49,7 @@ def run(spec, system: str, setting, args) -> dict:
     row = dict(spec, system=system, setting=setting[0] if system == "colauto" else setting, error=None)
     model = None
     try:
-        model, make_inputs = build(spec["model"], spec["size"], device=args.device)
+        model, make_inputs, loss_of = build_model(spec, args.device)
         if system == "colauto":
             label, budget = setting
             options = {"codegen": "inductor", "memory_budget": budget}
@@ -55,12 +58,13 @@ def run(spec, system: str, setting, args) -> dict:
             with_backend = torch.compile
         patch = torch._functorch.config.patch(activation_memory_budget=float(setting) if system == "inductor" else 1.0)
         with patch:
-            row.update(train(model, make_inputs, spec, "custom", args, compile_fn=with_backend))
+            row.update(train(model, make_inputs, spec, "custom", args, compile_fn=with_backend, loss_of=loss_of))
         if system == "colauto":   # the plan the compiled step runs (the backend keeps its analyses)
             plan = colauto_backend.backend.ANALYSES[-1].plan
             row.update(budget_bytes=budget, pred_peak_bytes=plan.peak_with_bytes,
                        pred_step_s=plan.step_time_with_s, pred_recompute_s=plan.recompute_time_s,
-                       plan_s=plan.plan_s, simulated_plans=plan.simulated_plans)
+                       plan_s=plan.plan_s, simulated_plans=plan.simulated_plans,
+                       partitions_run=plan.partitions_run, model_misses=plan.model_misses)
     except Exception as exc:  # noqa: BLE001 - a failed point is recorded, never dropped
         row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
     finally:
@@ -94,7 +98,7 @@ def best_inductor_at_or_below(rows, r) -> float | None:
     comparison the goal asks for: colauto should be at or above it)."""
     rivals = [x["tokens_per_s"] for x in rows if x["system"] == "inductor" and not x["error"]
               and (x["model"], x["size"], x["batch"]) == (r["model"], r["size"], r["batch"])
-              and x["peak_bytes"] <= r["peak_bytes"]]
+              and None not in (x["peak_bytes"], r["peak_bytes"]) and x["peak_bytes"] <= r["peak_bytes"]]
     return max(rivals, default=None)
 
 
@@ -136,7 +140,7 @@ def main(argv=None) -> int:
     env = environment(args, sys.argv[1:] if argv is None else list(argv))
     rows = []
     for spec in args.models:
-        model, make_inputs = build(spec["model"], spec["size"], device=args.device)
+        model, make_inputs, _ = build_model(spec, args.device)
         points = [("colauto", b) for b in colauto_budgets(model, make_inputs, spec, args)]
         del model
         points += [("inductor", float(b)) for b in args.inductor_budgets.split(",")]

@@ -140,7 +140,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
-        codegen = _codegen(config)
+        user_outputs = len(torch.utils._pytree.arg_tree_leaves(*gm.graph.find_nodes(op="output")[0].args))
+        codegen = _codegen(config, user_outputs)
         return compat.aot_autograd(
             fw_compiler=functools.partial(codegen, is_backward=False),
             bw_compiler=functools.partial(codegen, is_backward=True),
@@ -151,10 +152,11 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
     return backend
 
 
-def _codegen(config: cfg.Config) -> Callable:
-    """The compiler for one Dynamo graph's forward, backward and inference graphs."""
+def _codegen(config: cfg.Config, user_outputs: int) -> Callable:
+    """The compiler for one Dynamo graph's forward, backward and inference graphs; `user_outputs`: how
+    many outputs the Dynamo graph has (Inductor keeps their strides as eager's)."""
     if config.codegen == "inductor":
-        return compat.run_with_inductor
+        return functools.partial(compat.run_with_inductor, num_user_outputs=user_outputs)
     recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
 
     def run(gm, inputs, *, is_backward, is_inference=False):
