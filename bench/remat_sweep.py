@@ -25,7 +25,8 @@ from bench.run import GiB, autocast, build_model, environment, parse_models, tra
 
 
 def colauto_budgets(model, make_inputs, spec, args) -> list[tuple[str, int]]:
-    """(label, bytes): 100/75/50% of the predicted unconstrained activation memory, and the smallest."""
+    """(label, bytes): 100/75/50% of the predicted unconstrained activation memory, and the smallest
+    (those of `args.points`)."""
     inputs = make_inputs(spec["batch"], spec["seq"])
     # a transformers model takes keyword arguments (build_model's inputs are then one dict)
     call = dict(kwargs=inputs[0]) if spec["model"].startswith("hf/") else {}
@@ -36,9 +37,10 @@ def colauto_budgets(model, make_inputs, spec, args) -> list[tuple[str, int]]:
         d = prof.details
         persistent = d["param_bytes"] + d["grad_bytes"] + d["optimizer_state_bytes"]
         activations = prof.peak_memory_bytes - persistent
-        out = [(f"{int(f * 100)}% act", int(persistent + f * activations)) for f in (1.0, 0.75, 0.5)]
+        out = [(f"{p}% act", int(persistent + int(p) / 100 * activations)) for p in args.points if p != "smallest"]
         try:
-            colauto_backend.explain(model, *args_, **call, budget=1024, options={"codegen": "inductor"})
+            if "smallest" in args.points:
+                colauto_backend.explain(model, *args_, **call, budget=1024, options={"codegen": "inductor"})
         except colauto_backend.BudgetError as err:
             out.append(("smallest", err.smallest_bytes))
     torch._dynamo.reset()
@@ -129,10 +131,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", type=parse_models, default=parse_models("gpt2:124m:16:1024"))
     ap.add_argument("--inductor-budgets", default="1.0,0.7,0.5,0.3,0.1")
+    ap.add_argument("--points", default="100,75,50,smallest",
+                    help="colauto's budgets: percentages of the predicted activation memory, and/or smallest")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    args.points = [p.strip() for p in args.points.split(",") if p.strip()]
+    if bad := [p for p in args.points if p != "smallest" and not p.isdigit()]:
+        ap.error(f"--points {bad}: use percentages (100,75,50) and/or smallest")
     args.device = "cuda" if torch.cuda.is_available() else "cpu"   # CPU: a smoke test only
     args.dtype = "bf16" if args.device == "cuda" else "fp32"
     out = Path(args.out)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import operator
+import weakref
 from typing import Callable, Sequence
 
 import numpy as np
@@ -186,7 +187,7 @@ class _Sim:
         held = set(inputs) if inputs_held else set()
         for n in nodes:
             stor[n] = self._outputs(n, stor)
-            self.record(f"{tag}:{n.name}")
+            self.record_node(tag, n)
             if n not in last_use:            # computed but unused: freed at once
                 self._release(stor[n])
             for a in n.all_input_nodes:
@@ -204,6 +205,9 @@ class _Sim:
                 self._release(stor[a])
         return results
 
+    def record_node(self, tag: str, n: fx.Node) -> None:
+        self.record(f"{tag}:{n.name}")
+
     def _release(self, sids: list[int]) -> None:
         for s in sids:
             self.unref(s)
@@ -217,10 +221,7 @@ class _Sim:
                 return []
             self.ref(sid)
             return [sid]
-        val = n.meta.get("val")
-        op = n.target
-        aliases = isinstance(op, torch._ops.OpOverload) and (is_aliasing(op) or any(
-            r.alias_info is not None for r in op._schema.returns))
+        aliases, nbytes = _node_storage(n)
         if aliases:  # views and in-place ops: the output is the first tensor input's storage
             src = next((a for a in n.all_input_nodes if stor.get(a)), None)
             sids = list(stor[src][:1]) if src is not None else []
@@ -228,8 +229,24 @@ class _Sim:
                 self.ref(s)
             return sids
         if n in self.virtual:   # fused into its consumers: a zero-byte placeholder keeps refcounts uniform
-            return [self.new(sym(0)) for _ in tensors_in(val)]
-        return [self.new(storage_nbytes(t)) for t in tensors_in(val)]
+            return [self.new(sym(0)) for _ in nbytes]
+        return [self.new(b) for b in nbytes]
+
+
+_STORAGE: "weakref.WeakKeyDictionary[fx.Node, tuple[bool, list[Expr]]]" = weakref.WeakKeyDictionary()
+
+
+def _node_storage(n: fx.Node) -> tuple[bool, list[Expr]]:
+    """(whether the node's output aliases an input: a view or an in-place op; the bytes of each storage it
+    creates otherwise). Fixed for a node, so computed once per node (predict_partition simulates the same
+    joint graph's nodes once per candidate plan); a cache, not a way to observe results."""
+    got = _STORAGE.get(n)
+    if got is None:
+        op = n.target
+        aliases = isinstance(op, torch._ops.OpOverload) and (is_aliasing(op) or any(
+            r.alias_info is not None for r in op._schema.returns))
+        got = _STORAGE[n] = (aliases, [storage_nbytes(t) for t in tensors_in(n.meta.get("val"))])
+    return got
 
 
 def _nth_tensor_storage(parent: fx.Node, idx: int, sids: list[int]) -> int | None:
@@ -377,6 +394,10 @@ class _PeakSim(_Sim):
     def record(self, label: str) -> None:
         if self.state > self.peak:
             self.peak, self.peak_at = self.state, label
+
+    def record_node(self, tag: str, n: fx.Node) -> None:   # the label only where the peak moves
+        if self.state > self.peak:
+            self.peak, self.peak_at = self.state, f"{tag}:{n.name}"
 
 
 @dataclasses.dataclass(frozen=True)
