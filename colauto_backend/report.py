@@ -183,7 +183,9 @@ def _plan_lines(plan: dict | None) -> list[str]:
             checked = ("the chosen one's real partition checked" if plan.get("partition_checked", True)
                        else "not partitioned (explain: compile checks the chosen one's real partition)")
             miss = f", {plan['model_misses']} rejected by their real partition" if plan.get("model_misses") else ""
-            candidates = f"{plan['modeled_plans']} partitions modeled, {checked}{miss}"
+            run = plan.get("partitions_run", 0)
+            ran = f"; {run} real partition{'s' if run != 1 else ''} run" if run else ""
+            candidates = f"{plan['modeled_plans']} partitions modeled, {checked}{miss}{ran}"
         else:
             candidates = f"{plan['simulated_plans']} simulated"
         if plan.get("cache") == "hit":

@@ -243,7 +243,7 @@ def test_report_shows_the_plan(monkeypatch, capsys):
     torch.compile(model, backend="colauto")(*inputs).backward()
     out = capsys.readouterr().out
     assert "memory budget" in out and "with it" in out and "recomputed in blocks.0" in out
-    assert "partitions modeled, the chosen one's real partition checked" in out
+    assert "partitions modeled, the chosen one's real partition checked; 1 real partition run" in out
 
 
 @pytest.mark.parametrize("raw, parsed", [("12GiB", ("bytes", 12 * 2**30)), ("12000MB", ("bytes", 12e9)),
