@@ -63,7 +63,8 @@ class Frontier:
     """Pareto-optimal plans: memory strictly increasing, recompute time strictly decreasing."""
     memory: np.ndarray                       # memory units of each point
     time: np.ndarray                         # recompute seconds of each point
-    _back: list = dataclasses.field(repr=False)   # per node: (states before it, {state: (src, choice)})
+    _back: list = dataclasses.field(repr=False)   # per node: (states before it, {state: (src, choice)}),
+    # src/choice arrays over memory units, or plain ints where one option reaches the state
     _size: tuple[int, ...] = dataclasses.field(repr=False)
 
     def choices(self, k: int) -> tuple[int, ...]:
@@ -71,10 +72,10 @@ class Frontier:
         decisions = []
         state, m = frozenset(), int(self.memory[k])
         for j, (before, table) in enumerate(self._back):   # node 0 first: back-tracking order
-            src, choice = table[state]
-            c = int(choice[m])
+            src, choice = table[state]    # arrays over memory, or one (source, choice) for every m
+            c = int(choice[m]) if isinstance(choice, np.ndarray) else choice
             decisions.append(c)
-            state = before[int(src[m])]
+            state = before[int(src[m]) if isinstance(src, np.ndarray) else src]
             if c == KEEP:
                 m -= self._size[j]
         return tuple(decisions)
@@ -109,6 +110,14 @@ def solve(p: RematProblem) -> Frontier:
         values, table = {}, {}
         cols = np.arange(top + 1)
         for state, options in cands.items():
+            if len(options) == 1:         # one way to reach this state: no minimum to take
+                v, off, add, src, choice = options[0]
+                if off or add or len(v) != top + 1:
+                    row = np.full(top + 1, INF)
+                    row[off:off + len(v)] = v + add if add else v
+                    v = row
+                values[state], table[state] = v, (src, choice)
+                continue
             stack = np.full((len(options), top + 1), INF)
             for row, (v, off, add, _, _) in enumerate(options):
                 stack[row, off:off + len(v)] = v + add if add else v
