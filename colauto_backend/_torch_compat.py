@@ -134,6 +134,17 @@ def inductor_joint_passes(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
         return _recursive_joint_graph_passes(joint, **kwargs)
 
 
+def _output_leaves(gm: torch.fx.GraphModule) -> list:
+    """The values a graph returns, flattened (fx nodes, or constants)."""
+    from torch.utils import _pytree as pytree
+    return pytree.arg_tree_leaves(*gm.graph.find_nodes(op="output")[0].args)
+
+
+def num_outputs(gm: torch.fx.GraphModule) -> int:
+    """How many values a (Dynamo) graph returns: the user's outputs of what AOTAutograd makes of it."""
+    return len(_output_leaves(gm))
+
+
 def _mark_user_visible_outputs(gm: torch.fx.GraphModule, *, is_backward: bool, is_inference: bool,
                                num_user_outputs: int | None) -> None:
     """Which outputs of a graph the user sees, as torch.compile's Inductor path marks them before
@@ -141,9 +152,7 @@ def _mark_user_visible_outputs(gm: torch.fx.GraphModule, *, is_backward: bool, i
     Unmarked, it may lay them out as it likes: GPT-2's logits came back padded to a 50304-wide row, and
     the copy the next graph then made cost 0.77 GiB of peak memory."""
     import torch._inductor.config as inductor_config
-    from torch.utils import _pytree as pytree
-    out = gm.graph.find_nodes(op="output")[0]
-    leaves = pytree.arg_tree_leaves(*out.args)
+    leaves = _output_leaves(gm)
     if is_backward:   # the gradients (Inductor: config.bw_outputs_user_visible, absent in older torch)
         visible = range(len(leaves)) if getattr(inductor_config, "bw_outputs_user_visible", False) else range(0)
     elif not inductor_config.keep_output_stride or num_user_outputs is None:
@@ -153,7 +162,8 @@ def _mark_user_visible_outputs(gm: torch.fx.GraphModule, *, is_backward: bool, i
         start = (context.fw_metadata.num_mutated_inp_runtime_indices
                  if context is not None and context.fw_metadata is not None and not is_inference else 0)
         visible = range(start, min(start + num_user_outputs, len(leaves)))
-    out.meta["user_visible_output_idxs"] = [i for i in visible if isinstance(leaves[i], torch.fx.Node)]
+    gm.graph.find_nodes(op="output")[0].meta["user_visible_output_idxs"] = [
+        i for i in visible if isinstance(leaves[i], torch.fx.Node)]
 
 
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,

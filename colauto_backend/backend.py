@@ -140,8 +140,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
-        user_outputs = len(torch.utils._pytree.arg_tree_leaves(*gm.graph.find_nodes(op="output")[0].args))
-        codegen = _codegen(config, user_outputs)
+        codegen = _codegen(config, compat.num_outputs(gm))
         return compat.aot_autograd(
             fw_compiler=functools.partial(codegen, is_backward=False),
             bw_compiler=functools.partial(codegen, is_backward=True),

@@ -317,7 +317,8 @@ class Planner:
             compute_only = [_tags(frontier.choices(p), nodes, compute, fixed) for p in few]
             decisions = list(dict.fromkeys(compute_only + decided))
             if self.predict is not None:
-                searched = [d for d in dict.fromkeys(compute_only) if d not in set(decided)]
+                modeled = set(decided)
+                searched = [d for d in dict.fromkeys(compute_only) if d not in modeled]
             bounds = [0.0] * len(decisions)    # min-cut may keep less than the DP did: no bound
         else:
             decisions = [tuple(k or f for k, f in zip(frontier.keep(p), fixed)) for p in points]
