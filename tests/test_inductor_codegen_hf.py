@@ -80,6 +80,7 @@ def test_user_outputs_keep_their_strides_as_under_torch_compile(monkeypatch):
     torch.compile's own Inductor path; each graph it lowers marks the same outputs with the same
     strides when colauto compiles the same model (GPT-2 with its graph break)."""
     import torch._inductor.graph as inductor_graph
+    from torch._inductor.utils import fresh_inductor_cache
     seen: list = []
     original = inductor_graph.get_user_visible_output_strides
 
@@ -88,14 +89,17 @@ def test_user_outputs_keep_their_strides_as_under_torch_compile(monkeypatch):
         seen.append(sorted((tuple(s) for s in strides.values()), key=str))
         return strides
     monkeypatch.setattr(inductor_graph, "get_user_visible_output_strides", record)
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)   # every graph is lowered
     model, batch = build_hf("gpt2")
     kw = batch(2, 16)
 
     def marks(compiled):
         seen.clear()
         torch._dynamo.reset()
-        compiled(**kw).loss.backward()
+        # A fresh, empty cache directory: every graph is lowered (no FX-graph cache hit skips it). Not
+        # torch.compiler.config.force_disable_caches: set from a test, it outlived the test under xdist
+        # on torch 2.13 and hid the option from later tests' Inductor compiles.
+        with fresh_inductor_cache():
+            compiled(**kw).loss.backward()
         model.zero_grad(set_to_none=True)
         return sorted(seen, key=str)
     ref = marks(torch.compile(model))
