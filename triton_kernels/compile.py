@@ -8,7 +8,7 @@ from . import _triton, autotune, cache, colwise, pointwise, rowwise
 from .ir import NotFusible
 from .launch import Launch
 from .region import analyse
-from .tuning import COLUMN_CANDIDATES, POINTWISE_CANDIDATES, ROW_CANDIDATES, Tuning
+from .tuning import COLUMN_CANDIDATES, INTERPRETER, POINTWISE_CANDIDATES, ROW_CANDIDATES, Tuning
 
 
 def interpreting() -> bool:
@@ -24,7 +24,8 @@ def available() -> _triton.Availability:
 def compile_region(graph: fx.Graph | fx.GraphModule, example_inputs, *, tuning: Tuning | None = None) -> "FusedRegion":
     """The region's kernel for inputs like `example_inputs`, planned and loaded now, so an op that is
     not fusible raises `NotFusible` here rather than at the first call. `tuning` fixes the block sizes;
-    None times a few on CUDA (autotune) and uses the defaults elsewhere."""
+    None times a few on CUDA (autotune), and uses the defaults elsewhere (tuning.INTERPRETER's under
+    Triton's interpreter)."""
     ok = available()
     if not ok:
         raise RuntimeError(f"Triton kernels are unavailable: {ok.reason}")
@@ -76,7 +77,7 @@ def _plan(graph: fx.Graph, tensors: list, tuning: Tuning | None) -> Launch:
                          "(or TRITON_INTERPRET=1)")
     region = analyse(graph, tensors)
     kind = _kind(region)
-    launch = kind.plan(region, tuning or Tuning())
+    launch = kind.plan(region, tuning or (INTERPRETER if _triton.interpreting() else Tuning()))
     if not launch.allocs:
         return launch
     launch.kernel = cache.kernel(launch.spec, kind.emit)
