@@ -43,9 +43,14 @@ MESH_DOES_NOT_FIT = "llama@dp=2"
 
 
 def launch(tmp_path, nproc: int, runs: list[str]) -> list[list[dict]]:
+    return launch_with_output(tmp_path, nproc, runs)[0]
+
+
+def launch_with_output(tmp_path, nproc: int, runs: list[str]) -> tuple[list[list[dict]], str]:
+    """Each rank's results, and what the ranks printed to stdout."""
     proc = torchrun(nproc, [WORKER, "--out", str(tmp_path), *runs], timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return [json.load(open(tmp_path / f"rank{r}.json")) for r in range(nproc)]
+    return [json.load(open(tmp_path / f"rank{r}.json")) for r in range(nproc)], proc.stdout
 
 
 def errors_of(results: list[list[dict]], run: str) -> list[str]:
@@ -80,8 +85,13 @@ def test_two_processes_train_hf_models_like_one(tmp_path):
 
 
 def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
-    results = launch(tmp_path, 2, FSDP_2)
+    """FSDP_2 trains like one process, and without COLAUTO_REPORT each plan's mesh is one line, printed
+    once (rank 0 only, not once a rank)."""
+    results, stdout = launch_with_output(tmp_path, 2, FSDP_2)
     check(results, FSDP_2)
+    announced = [line for line in stdout.splitlines() if line.startswith("colauto: mesh ")]
+    assert len(announced) >= len(FSDP_2) and len(set(announced)) == len(announced), announced
+    assert any(line.startswith("colauto: mesh fsdp=2, predicted ") for line in announced), announced
     for r in results[0]:
         if "fsdp" in r["run"]:     # the module's state is sharded: DCP sees DTensors
             assert "DTensor" in r["state_kinds"], r
