@@ -44,7 +44,7 @@ COLUMN_CANDIDATES = tuple(Tuning(column_block=c, column_rows=r, column_programs=
 
 # Launch shapes under Triton's interpreter (CPU, TRITON_INTERPRET=1: the tests). It runs a grid's programs
 # one after another in Python, each op a numpy call over the block, so fewer and larger programs run
-# faster (the HF matrix's triton tests 20-25% faster on 2 cores). The kernels are the same source as on a
+# faster (the HF matrix's triton tests: 507 -> 358 s of test time on 2 cores). The kernels are the same source as on a
 # GPU (persistent_cols and loop_cols unchanged), and at the tests' sizes the grids keep several programs.
 INTERPRETER = Tuning(block=4096, row_tile=16384, column_programs=4)
 

@@ -395,9 +395,9 @@ class _PeakSim(_Sim):
         if self.state > self.peak:
             self.peak, self.peak_at = self.state, label
 
-    def record_node(self, tag: str, n: fx.Node) -> None:   # the label only where the peak moves
+    def record_node(self, tag: str, n: fx.Node) -> None:   # the label made only where the peak moves
         if self.state > self.peak:
-            self.peak, self.peak_at = self.state, f"{tag}:{n.name}"
+            self.record(f"{tag}:{n.name}")
 
 
 @dataclasses.dataclass(frozen=True)
