@@ -80,6 +80,17 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"{type(exc).__name__}: {first} (rerun with --traceback for the details)")
 
 
+def _model_refusal(built) -> Exception | None:
+    """The exception the model's forward raises on the explain inputs, eagerly on the meta device."""
+    import torch
+    try:
+        with torch.no_grad():
+            built.model(*built.args, **built.kwargs)
+    except Exception as exc:  # noqa: BLE001 - returned, to be reported in one line
+        return exc
+    return None
+
+
 def _explain(args) -> None:
     import colauto_backend
     from colauto_backend import config as cfg, progress, report
@@ -137,6 +148,16 @@ def _explain(args) -> None:
         if "\n" in str(exc):
             raise
         _fail(str(exc))
+    except Exception:
+        # Dynamo reports an exception the model's own code raised as "Observed exception": run the
+        # forward once, eagerly on the meta device (no data), to name what the model refused (a ViT given
+        # another image size); anything else stays the unexpected error it was
+        refused = _model_refusal(built)
+        if refused is None:
+            raise
+        first = (str(refused).strip().splitlines() or [""])[0]
+        _fail(f"{built.description} refused these inputs (--batch {args.batch}, --seq {args.seq}): "
+              f"{type(refused).__name__}: {first}")
     progress.say(f"planned in {time.perf_counter() - start:.1f} s")
     progress.stop()
     title = (f"colauto explain  {built.description}  micro-batch {args.batch} x {args.seq} per device, "

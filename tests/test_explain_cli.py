@@ -194,6 +194,23 @@ def test_sequence_longer_than_an_hf_configs_positions(tmp_path):
     assert proc.returncode != 0 and len(lines) == 1 and "128 positions" in lines[0] and "--seq 128 or less" in lines[0], proc.stderr
 
 
+def test_image_side_other_than_a_vision_configs_is_one_line(tmp_path, monkeypatch):
+    """A ViT config takes images of its image_size only: another --seq is one line with the model's own
+    message (it was Dynamo's "Unsupported: Observed exception"); its own size plans."""
+    from colauto_backend.__main__ import main
+    config = transformers.ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    image_size=32, patch_size=8)
+    config.architectures = ["ViTForImageClassification"]
+    config.save_pretrained(tmp_path / "vit")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["explain", "--model", "vit/config.json", "--seq", "64"])
+    message = exit_.value.code
+    assert isinstance(message, str) and "\n" not in message, message
+    assert "refused these inputs (--batch 1, --seq 64): ValueError" in message and "32" in message, message
+    assert main(["explain", "--model", "vit/config.json", "--seq", "32", "--batch", "2"]) in (0, None)
+
+
 def test_collectives_across_hosts_run_at_network_rates():
     """The NVLink preset holds one host of 8 devices; an axis whose ranks span hosts uses the network."""
     from colauto_backend.dist import comm
