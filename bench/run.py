@@ -50,12 +50,13 @@ DEFAULT_MODELS = {"cpu": "gpt2:tiny:4:64,llama:tiny:4:64",
 # mode -> torch.compile options for colauto (None = whatever COLAUTO_CODEGEN says)
 COLAUTO_MODES = {"colauto": None, "colauto-aten": {"codegen": "aten"}, "colauto-triton": {"codegen": "triton"},
                  "colauto-inductor": {"codegen": "inductor"},
-                 "colauto-triton-cg": {"codegen": "triton", "cudagraphs": True}}   # + CUDA graphs
+                 "colauto-cg": {"cudagraphs": True},                                # + CUDA graphs
+                 "colauto-triton-cg": {"codegen": "triton", "cudagraphs": True}}
 MODES = ("eager", "inductor", "inductor-cg", *COLAUTO_MODES)       # inductor-cg: mode="reduce-overhead"
 GiB = 2 ** 30
 # --suite hf: every causal LM of examples/hf_zoo.py at its public checkpoint's shape, T=1024
 SUITES = {"hf": ",".join(f"hf/{n}:bench:{hf_zoo.SPECS[n].bench_batch}:1024" for n in hf_zoo.CAUSAL_BENCH)}
-SUITE_MODES = {"hf": "eager,inductor,inductor-cg,colauto,colauto-aten,colauto-inductor,colauto-triton,"
+SUITE_MODES = {"hf": "eager,inductor,inductor-cg,colauto,colauto-cg,colauto-aten,colauto-inductor,colauto-triton,"
                      "colauto-triton-cg"}
 
 

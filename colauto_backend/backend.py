@@ -154,11 +154,17 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 def _codegen(config: cfg.Config, user_outputs: int) -> Callable:
     """The compiler for one Dynamo graph's forward, backward and inference graphs; `user_outputs`: how
     many outputs the Dynamo graph has (Inductor keeps their strides as eager's)."""
-    if config.codegen == "inductor":
-        return functools.partial(compat.run_with_inductor, num_user_outputs=user_outputs)
     recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
 
     def run(gm, inputs, *, is_backward, is_inference=False):
+        if config.codegen == "inductor":
+            # whether it can be recorded is read before Inductor's post-grad passes rewrite `gm`
+            reason = recorder and recorder.reason(gm, inputs, is_backward=is_backward)
+            fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
+                                          num_user_outputs=user_outputs)
+            if recorder is None:
+                return fn
+            return recorder.wrap(fn, gm, inputs, is_backward=is_backward, is_inference=is_inference, reason=reason)
         if config.codegen == "triton":
             from . import fusion   # local import: needs triton_kernels only when asked for
             # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time

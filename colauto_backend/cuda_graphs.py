@@ -1,4 +1,5 @@
-"""COLAUTO_CUDAGRAPHS=1: the compiled forward and backward graphs replay as CUDA graphs.
+"""COLAUTO_CUDAGRAPHS=1: the compiled forward and backward graphs replay as CUDA graphs (every codegen:
+aten, triton, and Inductor's code, as torch.compile's mode="reduce-overhead" records it).
 
 A fused graph launches hundreds of kernels per step, each through Python (a custom op, a launch lookup,
 Triton's launcher; every aten op and view of the graph is a Python call too), so on a slow host the GPU
@@ -41,8 +42,11 @@ class Recorder:
         return why_not(gm, inputs)
 
     def wrap(self, fn: Callable, gm: torch.fx.GraphModule, inputs: list, *, is_backward: bool,
-             is_inference: bool) -> Callable:
-        reason = self.reason(gm, inputs, is_backward=is_backward)
+             is_inference: bool, reason: str | None | bool = False) -> Callable:
+        """`reason`: what `self.reason` said before `fn` was compiled (Inductor's passes rewrite `gm`
+        in place); read now when not given."""
+        if reason is False:
+            reason = self.reason(gm, inputs, is_backward=is_backward)
         kind = "backward" if is_backward else "inference" if is_inference else "forward"
         report.emit_cuda_graphs({"graph": kind, "skipped": reason}, self.report_setting)
         if reason is not None:

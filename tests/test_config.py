@@ -49,19 +49,12 @@ def test_bad_value_from_the_environment_is_blamed_on_the_variable():
     assert str(err.value).startswith("COLAUTO_MESH='2y2' is not valid")
 
 
-def test_conflict_names_where_each_setting_came_from():
-    with pytest.raises(cfg.ConfigError) as err:
-        cfg.load({"cudagraphs": True}, environ={"COLAUTO_CODEGEN": "inductor"})
-    msg = str(err.value)
-    assert "options['cudagraphs']=True" in msg and "COLAUTO_CODEGEN='inductor'" in msg and "\n" not in msg
-
-
 def test_cuda_graphs_setting():
     assert cfg.load(environ={"COLAUTO_CUDAGRAPHS": "1"}).cudagraphs
     assert not cfg.load({"cudagraphs": False}, environ={"COLAUTO_CUDAGRAPHS": "1"}).cudagraphs
     assert not cfg.load(environ={}).cudagraphs
-    with pytest.raises(cfg.ConfigError, match="reduce-overhead"):     # Inductor has its own
-        cfg.load({"cudagraphs": True, "codegen": "inductor"}, environ={})
+    # every codegen replays as CUDA graphs: Inductor's code as under mode="reduce-overhead"
+    assert cfg.load({"cudagraphs": True}, environ={"COLAUTO_CODEGEN": "inductor"}).cudagraphs
 
 
 def test_bad_option_key():
@@ -92,8 +85,8 @@ def test_bad_env_fails_compilation_loudly(monkeypatch):
 
 
 def test_codegen_auto_is_chosen_by_the_inputs_device(capsys):
-    """No codegen set: Inductor's code generation on CUDA (colauto's Triton kernels when CUDA graphs are
-    asked for), aten elsewhere; an explicit codegen is kept; the report says which ran."""
+    """No codegen set: Inductor's code generation on CUDA (also when CUDA graphs are asked for: colauto's
+    Triton kernels ran slower there on HF models), aten elsewhere; an explicit codegen is kept; the report says which ran."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from colauto_backend.config import load, resolve_codegen
@@ -102,7 +95,7 @@ def test_codegen_auto_is_chosen_by_the_inputs_device(capsys):
     cpu = [torch.empty(2)]
     assert load({}).codegen == "auto"
     assert resolve_codegen(load({}), gpu).codegen == "inductor"
-    assert resolve_codegen(load({"cudagraphs": True}), gpu).codegen == "triton"
+    assert resolve_codegen(load({"cudagraphs": True}), gpu).codegen == "inductor"
     assert resolve_codegen(load({}), cpu).codegen == "aten"
     assert resolve_codegen(load({"codegen": "triton"}), cpu).codegen == "triton"
     assert resolve_codegen(load({"codegen": "aten"}), gpu).codegen == "aten"

@@ -61,13 +61,14 @@ def test_index_is_data_dependent_only_where_its_size_is():
     assert "depends on data" in cuda_graphs.why_not(_unbacked_output(gm, aten.index.Tensor), [x, i])
 
 
-def test_cpu_graphs_run_as_before_and_are_counted(recwarn, monkeypatch, capsys):
+@pytest.mark.parametrize("codegen", ["aten", "inductor"])
+def test_cpu_graphs_run_as_before_and_are_counted(codegen, recwarn, monkeypatch, capsys):
     monkeypatch.setattr(report, "_WARNED", set())      # warned once per process: this test must see it
     before = sum(cuda_graphs.SKIPPED.values())
     model, make = build("gpt2")
     ref, _ = build("gpt2")
     inputs = make(2, 8)
-    compiled = torch.compile(model, backend="colauto", options={"cudagraphs": True, "report": "1"})
+    compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "cudagraphs": True, "report": "1"})
     loss, grads = step(model, inputs, compiled)
     ref_loss, ref_grads = step(ref, inputs)
     torch.testing.assert_close(loss, ref_loss)
@@ -82,7 +83,7 @@ def test_cpu_graphs_run_as_before_and_are_counted(recwarn, monkeypatch, capsys):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("codegen", ["aten", "triton"])
+@pytest.mark.parametrize("codegen", ["aten", "inductor", "triton"])
 def test_replayed_training_matches_eager_on_gpu(codegen):
     """Step 1 runs the graphs (warm-up), step 2 records them, steps 3-4 replay: each equals eager."""
     before = sum(cuda_graphs.SKIPPED.values())
@@ -100,8 +101,9 @@ def test_replayed_training_matches_eager_on_gpu(codegen):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("codegen", ["inductor", "triton"])
 @pytest.mark.parametrize("name", ["llama", "gpt_neox"])
-def test_hf_models_are_recorded_and_replay_like_eager_on_gpu(name):
+def test_hf_models_are_recorded_and_replay_like_eager_on_gpu(name, codegen):
     """HF causal LMs build their masks with integer-index aten.index.Tensor: their graphs are recorded (none
     skipped) under codegen=triton, and replayed steps equal eager."""
     from examples.hf_zoo import build_hf
@@ -112,7 +114,7 @@ def test_hf_models_are_recorded_and_replay_like_eager_on_gpu(name):
     ref, _ = build_hf(name, device="cuda")
     batch = make(2, 32)
     expected = hf_step(ref, ref, batch)
-    compiled = torch.compile(model, backend="colauto", options={"codegen": "triton", "cudagraphs": True})
+    compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "cudagraphs": True})
     for _ in range(4):
         assert_same(hf_step(model, compiled, batch), expected, atol=1e-4)
     assert sum(cuda_graphs.SKIPPED.values()) == before
