@@ -71,6 +71,39 @@ def aot_autograd(**kwargs) -> Callable:
     return compile_with_names
 
 
+# -- torch's compile cache (AOTAutograd's cache over Inductor's FX graph cache) ---------------------
+def cacheable(compiler: Callable) -> Callable:
+    """`compiler` (it returns Inductor's compiled graph) marked as one whose output AOTAutograd may store:
+    a later launch of the same graph then gets the compiled forward and backward from torch's
+    AOTAutograd cache, without tracing the joint graph or calling colauto's partitioner."""
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+    from torch._inductor.output_code import OutputCode
+    return SerializableAOTDispatchCompiler(OutputCode, compiler)
+
+
+@contextlib.contextmanager
+def compile_cache_keyed(uuid: str):
+    """Within: `uuid` is part of the keys of torch's AOTAutograd and FX graph caches, as the uuid of a
+    no-op joint-graph pass (Inductor hashes its custom passes' uuids), so that an entry is reused only
+    under the same colauto code and settings, and never mistaken for plain torch.compile's."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class _Key(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            return None
+
+        def uuid(self) -> str:
+            return uuid
+    with inductor_config.patch(joint_custom_post_pass=_Key()):
+        yield
+
+
+def compile_cache_hits() -> int:
+    """How many graphs AOTAutograd's cache has returned in this process."""
+    return int(torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_hit"])
+
+
 def run_as_aten(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """Run a partitioned graph op by op; inputs and intermediates are freed after their last use."""
     return boxed_nop(gm, example_inputs)

@@ -6,6 +6,7 @@ model on it, partitions it, and hands the halves to the chosen code generation. 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -14,7 +15,7 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
-from . import cuda_graphs, planner, report
+from . import counters, cuda_graphs, plan_cache, planner, report
 from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost import memory
@@ -23,7 +24,9 @@ from .dist import entry as dist_entry
 from .parallel import data
 
 # The latest analyses the backend made, newest last (for tests and debugging; bounded: each holds a graph).
-ANALYSES: collections.deque[Analysis] = collections.deque(maxlen=16)
+ANALYSES: collections.deque[Analysis] = counters.records("analyses")
+# graphs whose compiled step came from torch's AOTAutograd cache (planned in an earlier launch), by codegen
+CACHE_HITS = counters.counter("compile cache hits")
 
 
 def colauto(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
@@ -141,13 +144,28 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
         codegen = _codegen(config, compat.num_outputs(gm))
-        return compat.aot_autograd(
-            fw_compiler=functools.partial(codegen, is_backward=False),
-            bw_compiler=functools.partial(codegen, is_backward=True),
-            inference_compiler=inference,
-            partition_fn=partition,
-            decompositions=compat.inductor_decompositions() if config.codegen == "inductor" else {},
-        )(gm, example_inputs)
+        compilers = [functools.partial(codegen, is_backward=False), functools.partial(codegen, is_backward=True),
+                     inference]
+        # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
+        # profile, which need the partition to run; not for CUDA-graph or data-parallel wrappers)
+        cached = (config.codegen == "inductor" and not config.cudagraphs and dp is None and on_analysis is None
+                  and plan_cache.directory() is not None)
+        key = contextlib.nullcontext()
+        if cached:
+            compilers = [compat.cacheable(c) for c in compilers]
+            key = compat.compile_cache_keyed(plan_cache.compile_key(
+                (config.memory_budget, repr(device), config.optimizer, unresolved.codegen)))
+        hits = compat.compile_cache_hits()
+        with key:
+            compiled = compat.aot_autograd(
+                fw_compiler=compilers[0], bw_compiler=compilers[1], inference_compiler=compilers[2],
+                partition_fn=partition,
+                decompositions=compat.inductor_decompositions() if config.codegen == "inductor" else {},
+            )(gm, example_inputs)
+        if compat.compile_cache_hits() > hits:
+            CACHE_HITS[config.codegen] += 1
+            report.emit_cache_hit(config.report)
+        return compiled
     return backend
 
 

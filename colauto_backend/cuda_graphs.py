@@ -23,9 +23,9 @@ from typing import Callable
 import torch
 
 from . import _torch_compat as compat
-from . import report
+from . import counters, report
 
-SKIPPED: Counter = Counter()       # graphs run without CUDA graphs, by reason
+SKIPPED: Counter = counters.counter("cuda graphs skipped")       # graphs run without CUDA graphs, by reason
 
 
 class Recorder:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import operator
-from collections import Counter
 from typing import NamedTuple
 
 import torch
@@ -33,9 +32,9 @@ from triton_kernels import NotFusible
 
 from . import _torch_compat as compat
 from . import fusion_prep as prep
-from . import report, rotate_halves
+from . import counters, report, rotate_halves
 
-FALLBACKS = Counter()        # regions run as aten after the generator refused them at run time, by reason
+FALLBACKS = counters.counter("fusion fallbacks")   # regions run as aten after the generator refused them at run time, by reason
 _OPS: dict[str, object] = {}  # custom op name -> op, defined once per process
 _PLANS: dict[tuple, bool] = {}  # (region code, input sizes/strides/dtypes/devices) -> whether it plans
 _LIB = None

@@ -7,6 +7,12 @@ budget, the codegen, the device and optimizer models, and the versions of torch 
 On a hit the planner tags the joint graph with the stored decisions and partitions it once, with no
 DP and no candidate; the plan is used only if its simulated peak still fits the budget (otherwise it is
 planned anew, and Plan.cache says "stale"). COLAUTO_PLAN_CACHE=0 turns the cache off.
+
+With Inductor's code generation the whole compiled step is cached too, by torch's AOTAutograd cache
+(in Inductor's cache directory, TORCHINDUCTOR_CACHE_DIR): its key holds `compile_key()`, a hash of
+colauto's own source and the settings the plan depends on. A second launch of the same graph then
+skips the joint-graph trace, the partition and the plan, as a warm plain torch.compile does.
+COLAUTO_PLAN_CACHE=0 turns this off as well.
 Files are written whole (a temporary file renamed over the target), so ranks of one job that write
 the same plan at once leave one valid file.
 """
@@ -43,6 +49,22 @@ def key(joint: fx.GraphModule, settings: tuple) -> str:
                           else (n.name, repr(val)))
     text = repr((FORMAT, torch.__version__, joint.code, inputs, settings))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+_SOURCE_DIGEST: list[str] = []
+
+
+def compile_key(settings: tuple) -> str:
+    """A hash of colauto's source files (any change to the planner invalidates what was compiled
+    under it) and `settings` (repr'd)."""
+    if not _SOURCE_DIGEST:
+        digest = hashlib.sha256()
+        root = Path(__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+        _SOURCE_DIGEST.append(digest.hexdigest())
+    return hashlib.sha256(repr((FORMAT, _SOURCE_DIGEST[0], settings)).encode()).hexdigest()[:32]
 
 
 def load(digest: str) -> dict[str, Any] | None:

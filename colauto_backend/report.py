@@ -386,6 +386,14 @@ def emit_cuda_graphs(data: dict, setting: str | None) -> None:
     _emit_beside(setting, lambda: render_cuda_graphs(data), ".cuda_graphs.jsonl", "a", lambda: json.dumps(data) + "\n")
 
 
+def emit_cache_hit(setting: str | None) -> None:
+    """COLAUTO_REPORT for a graph whose compiled step torch's AOTAutograd cache returned: nothing was
+    traced or planned, so there is no table to print."""
+    text = ("colauto: compiled step loaded from torch's compile cache (planned by an earlier launch under the "
+            "same settings; COLAUTO_PLAN_CACHE=0 plans anew)")
+    _emit_beside(setting, lambda: text, ".cache.jsonl", "a", lambda: json.dumps({"cache": "hit"}) + "\n")
+
+
 def _emit_beside(setting: str | None, text, suffix: str, mode: str, body) -> None:
     """On rank 0: print `text()` (setting "1"), or write `body()` to a file next to the JSON report."""
     if setting is None or _rank() != 0:

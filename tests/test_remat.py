@@ -206,6 +206,46 @@ def test_second_launch_plans_nothing(monkeypatch, tmp_path):
     assert len(list((tmp_path / "plans").glob("*.json"))) == 2
 
 
+def test_second_launch_loads_the_compiled_step_from_torchs_cache(monkeypatch, tmp_path):
+    """codegen=inductor: the whole compiled step goes into torch's AOTAutograd cache under a key holding
+    colauto's settings and source. A second launch (fresh Dynamo) of an HF model traces no joint graph and
+    plans nothing, and trains to the same loss and gradients as the first and as eager; another budget,
+    or changed colauto code, is another key; COLAUTO_PLAN_CACHE=0 never reads it."""
+    from torch._inductor.utils import fresh_inductor_cache
+    from colauto_backend import plan_cache
+    from colauto_backend.backend import ANALYSES, CACHE_HITS
+    from examples.hf_zoo import build_hf
+    from test_hf_models import assert_same, step
+    monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+    model, make = build_hf("qwen2")
+    ref, _ = build_hf("qwen2")
+    batch = make(2, 16)
+    expected = step(ref, ref, batch)
+
+    def launch(options):
+        torch._dynamo.reset()
+        ANALYSES.clear()
+        hits = CACHE_HITS["inductor"]
+        got = step(model, torch.compile(model, backend="colauto", options=dict(options, codegen="inductor")), batch)
+        return got, len(ANALYSES), CACHE_HITS["inductor"] - hits
+    with fresh_inductor_cache():
+        first, planned, hit = launch({})
+        assert (planned, hit) == (1, 0)
+        assert_same(first, expected, atol=1e-5)
+        second, planned, hit = launch({})
+        assert (planned, hit) == (0, 1)                  # nothing traced past Dynamo, nothing planned
+        torch.testing.assert_close(second[0], first[0], rtol=0, atol=0)
+        for name in first[1]:
+            torch.testing.assert_close(second[1][name], first[1][name], rtol=0, atol=0, msg=name)
+        assert launch({"memory_budget": "0.5"})[1:] == (1, 0)     # another setting: another key
+        monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
+        assert launch({})[1:] == (1, 0)
+    key = plan_cache.compile_key(("none",))
+    monkeypatch.setattr(plan_cache, "_SOURCE_DIGEST", ["another colauto"])
+    assert plan_cache.compile_key(("none",)) != key
+
+
 def test_a_reused_capture_plans_as_a_fresh_one():
     """A budget planned on explain()'s cached capture gives the plan a fresh capture gives (a copy of the
     model is captured anew); changing the inputs' shape captures again."""

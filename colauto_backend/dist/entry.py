@@ -1,6 +1,7 @@
 """The distributed path of the backend: plan once on the first graph, shard, then compile SPMD graphs."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import gc
@@ -13,7 +14,7 @@ import torch.fx as fx
 from torch.distributed.tensor import DTensor
 
 from .. import _torch_compat as compat
-from .. import meta, planner, progress, report
+from .. import counters, meta, planner, progress, report
 from ..config import Config, ConfigError
 from ..parallel import data
 from . import _dtensor_rules, choose, comm, emit, mesh, strategy
@@ -23,8 +24,8 @@ from .plan import ParallelPlan
 # what it is given (replicating layers to save communication); on 4 H200s a 13B-shape DDP step failed
 # with 3 GiB reserved but unallocated, so a whole-device default would leave too little slack.
 DEFAULT_BUDGET_FRACTION = 0.9
-SHARDED: list[emit.Sharded] = []          # the modules sharded in this process (for tests and reports)
-PLANS: list[ParallelPlan] = []            # the plan of each graph compiled on several ranks, newest last
+SHARDED: collections.deque[emit.Sharded] = counters.records("sharded modules", maxlen=None)   # sharded in this process
+PLANS: collections.deque[ParallelPlan] = counters.records("parallel plans", maxlen=None)   # each graph compiled on several ranks
 _COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, grad mode, inputs) -> its compiled callable
 
 
