@@ -5,7 +5,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from colauto_backend import cuda_graphs, report
+from colauto_backend import counters, cuda_graphs, report
 from examples.models import build
 from test_training import step
 
@@ -74,8 +74,9 @@ def test_cpu_graphs_run_as_before_and_are_counted(codegen, recwarn, monkeypatch,
     torch.testing.assert_close(loss, ref_loss)
     for key in grads:
         torch.testing.assert_close(grads[key], ref_grads[key], rtol=1e-4, atol=1e-5)
-    # forward skipped (CPU inputs), and so the backward
+    # forward skipped (CPU inputs), and so the backward; the one counters registry holds the count
     assert sum(cuda_graphs.SKIPPED.values()) == before + 2
+    assert sum(counters.snapshot()["counts"]["cuda graphs skipped"].values()) == before + 2
     assert any("COLAUTO_CUDAGRAPHS=1" in str(w.message) and "cpu" in str(w.message) for w in recwarn)
     out = capsys.readouterr().out      # COLAUTO_REPORT says so per graph
     assert "colauto cuda graphs (forward): not recorded: its inputs are on cpu" in out
