@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from examples.hf_zoo import build_hf
@@ -106,3 +107,26 @@ def test_user_outputs_keep_their_strides_as_under_torch_compile(monkeypatch):
     got = marks(torch.compile(model, backend="colauto", options=OPTIONS))
     assert len(ref) >= 2 and any(ref), ref    # forward and backward graphs, some outputs marked
     assert got == ref
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_default_without_a_budget_generates_inductors_own_code(name):
+    """Without a budget colauto's plan is Inductor's min-cut partition, and colauto hands Inductor the graphs
+    torch.compile would: the code Inductor generates for a training step (forward and backward of every
+    graph; GPT-2 has a graph break, so 4) is the same text as plain torch.compile's, but for the AOT ids
+    and cache paths. So on a GPU the two differ only by launch-to-launch noise."""
+    import re
+    from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
+
+    def generated(backend_options):
+        model, batch = build_hf(name)
+        kw = batch(2, 16)
+        torch._dynamo.reset()
+        compiled = (torch.compile(model) if backend_options is None
+                    else torch.compile(model, backend="colauto", options=backend_options))
+        with fresh_inductor_cache():
+            _, sources = run_and_get_code(lambda: compiled(**kw).loss.backward())
+        return [re.sub(r"# AOT ID: .*|/tmp/\S+|\b[a-z0-9]{52}\b", "", s) for s in sources]
+    ours, inductor = generated(OPTIONS), generated(None)
+    assert len(ours) == len(inductor) == (4 if name == "gpt2" else 2)
+    assert ours == inductor
