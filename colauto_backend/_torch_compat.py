@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from typing import Any, Callable
 
@@ -110,12 +111,24 @@ def run_as_aten(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
 
 
 def inductor_decompositions() -> dict:
-    """Inductor's decomposition table. Some of its entries read Inductor modules that compile_fx imports
+    """Inductor's decomposition table. Some of its entries read an Inductor module that compile_fx imports
     and the table's module does not (max_pool2d_with_indices asks `torch._inductor.lowering` whether to
-    fall back): import them first, as torch.compile's Inductor path has before it traces."""
-    import torch._inductor.lowering  # noqa: F401
+    fall back): Inductor's own entries import it when they first run. Importing it costs about a second, which a launch
+    whose compiled step comes from torch's cache (nothing traced) does not need."""
     from torch._inductor.decomposition import select_decomp_table
-    return select_decomp_table()
+    table = dict(select_decomp_table())
+    for op, fn in table.items():
+        if getattr(fn, "__module__", None) == "torch._inductor.decomposition":   # Inductor's own entries
+            table[op] = _importing_lowering(fn)
+    return table
+
+
+def _importing_lowering(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        import torch._inductor.lowering  # noqa: F401
+        return fn(*args, **kwargs)
+    return run
 
 
 @contextlib.contextmanager
@@ -333,6 +346,7 @@ def _dotted(rest: str) -> str:
     return rest.lstrip(".")
 
 
+@functools.lru_cache(maxsize=4096)
 def stack_path(path: str) -> str:
     """An `nn_module_stack` entry's path as a path under the compiled module: "L['args'][0].model.layers.0",
     "L['self'].model.layers[0]" and "L['s']._modules['model']..." all give "model.layers.0". Any root and

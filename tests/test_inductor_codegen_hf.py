@@ -66,7 +66,8 @@ def test_resnet_max_pool_under_inductor_codegen_equals_eager():
             torch.testing.assert_close(got[k], ref[k], atol=1e-4, rtol=1e-3, msg=k)
         print("OK")
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")}
+    # traced for real: with the compile cache on, an earlier launch's step would be loaded, nothing traced
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLAUTO_")} | {"COLAUTO_PLAN_CACHE": "0"}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
