@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# 2026-11-27 (second session), call 5 (1 GPU, a fresh machine): first step of separate launches of HF Qwen2-0.5B (B8, T1024)
+# (call 4 ran on the machine call 3 had warmed: its "cold" Inductor and colauto launches found caches.)
+# at HEAD, each a fresh process, the first step now timed from the torch.compile call (bench.run): Inductor cold / warm, colauto default cold / warm, colauto under a 16 GiB
+# budget cold / warm (a warm colauto launch reads the compiled step from torch's AOTAutograd cache).
+# Everything lands in one tar ($OUT/r8.tgz).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+R=/tmp/r8; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+nvidia-smi -L > $R/cards.txt
+python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" > $R/versions.txt
+git status --short > $R/tree.txt 2>/dev/null
+T0=$(date +%s)
+left() { local s=$(( 560 - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
+launch() {  # name cachedir mode [budget]
+  local name=$1 dir=$2 mode=$3 budget=${4:-}
+  mkdir -p $R/first/$name
+  env TORCHINDUCTOR_CACHE_DIR=/tmp/caches/$dir/inductor COLAUTO_CACHE_DIR=/tmp/caches/$dir/colauto \
+      ${budget:+COLAUTO_MEMORY_BUDGET=$budget} COLAUTO_REPORT=1 \
+      timeout -k 5 $(left) python -m bench.run --models hf/qwen2:bench:8:1024 --modes $mode --steps 3 --warmup 1 \
+      --out $R/first/$name > $R/first/$name/log.txt 2>&1
+  rm -f $R/first/$name/*.png
+}
+launch colauto-cold col colauto
+launch colauto-warm col colauto
+launch inductor-cold ind inductor
+launch inductor-warm ind inductor
+launch colauto-16GiB-cold colb colauto 16GiB
+launch colauto-16GiB-warm colb colauto 16GiB
+echo "wall $(( $(date +%s) - T0 )) s" > $R/wall.txt
+tar czf $OUT/r8.tgz -C $R .
+for d in $R/first/*/; do python -c "
+import json,sys; r=json.load(open('$d/results.json'))['rows'][0]; print('$d'.split('/')[-2], r['mode'], 'first step %.1f s' % r['warmup_s'] if r.get('warmup_s') else r.get('error'), 'tok/s %.0f' % r['tokens_per_s'] if r.get('tokens_per_s') else '')" 2>&1 | tail -1; done
+grep -h "compile cache\|plan cache" $R/first/*/log.txt | sort | uniq -c
