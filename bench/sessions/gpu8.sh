@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # 2026-11-27 (second session), call 5 (1 GPU, a fresh machine): first step of separate launches of HF Qwen2-0.5B (B8, T1024)
-# (call 4 ran on the machine call 3 had warmed: its "cold" Inductor and colauto launches found caches.)
 # at HEAD, each a fresh process, the first step now timed from the torch.compile call (bench.run): Inductor cold / warm, colauto default cold / warm, colauto under a 16 GiB
 # budget cold / warm (a warm colauto launch reads the compiled step from torch's AOTAutograd cache).
+# (call 4 ran on the machine call 3 had warmed: its "cold" Inductor and colauto launches found caches.)
 # Everything lands in one tar ($OUT/r8.tgz).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
