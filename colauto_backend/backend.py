@@ -21,6 +21,7 @@ from .analysis import Analysis, analyze
 from .cost import memory
 from .cost.device import resolve
 from .dist import entry as dist_entry
+from .dist import mesh
 from .parallel import data
 
 # The latest analyses the backend made, newest last (for tests and debugging; bounded: each holds a graph).
@@ -147,9 +148,10 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         compilers = [functools.partial(codegen, is_backward=False), functools.partial(codegen, is_backward=True),
                      inference]
         # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
-        # profile, which need the partition to run; not for CUDA-graph or data-parallel wrappers)
+        # profile, which need the partition to run; not for CUDA-graph wrappers; not on several ranks,
+        # where the graphs hold collectives or DTensors and the cache is untested)
         cached = (config.codegen == "inductor" and not config.cudagraphs and dp is None and on_analysis is None
-                  and plan_cache.directory() is not None)
+                  and plan_cache.directory() is not None and mesh.world_size() == 1)
         key = contextlib.nullcontext()
         if cached:
             compilers = [compat.cacheable(c) for c in compilers]

@@ -31,6 +31,7 @@ is not, a model miss or the bisection can pass over a fitting candidate, so a sm
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable
 
@@ -286,7 +287,7 @@ class Planner:
         if keep not in self._modeled:
             names = self._candidate_set().names
             pred = self.predict({n: k for n, k in zip(names, keep) if k is not None})
-            again = sum(self._again.get(n, 0.0) for n in pred.recomputed)
+            again = math.fsum(self._again.get(n, 0.0) for n in pred.recomputed)   # a set: any order, one sum
             ev = dict(self.base, peak_memory_bytes=pred.peak_bytes, peak_at=pred.peak_at,
                       saved_activation_bytes=pred.saved_bytes, est_recompute_time_s=again,
                       est_step_time_s=self.base["est_step_time_s"] + again,
