@@ -179,7 +179,7 @@ def _codegen(config: cfg.Config, user_outputs: int) -> Callable:
     def run(gm, inputs, *, is_backward, is_inference=False):
         if config.codegen == "inductor":
             # whether it can be recorded is read before Inductor's post-grad passes rewrite `gm`
-            reason = recorder and recorder.reason(gm, inputs, is_backward=is_backward)
+            reason = recorder.reason(gm, inputs, is_backward=is_backward) if recorder is not None else None
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
                                           num_user_outputs=user_outputs)
             if recorder is None:
