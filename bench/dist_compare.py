@@ -157,7 +157,7 @@ def run(kind: str, args, rank: int, world: int) -> dict:
            "steps_s": times, "peak_bytes": int(peak.item()), "compile_first_step_s": compile_s,
            "loss": float(last.item()) / world}
     if kind.startswith("colauto"):
-        from colauto_backend.dist.entry import PLANS, SHARDED
+        from colauto_backend.parallel.entry import PLANS, SHARDED
         plan = PLANS[-1]
         sharded = next((s for s in SHARDED if s.plan is plan), None)   # none: data parallelism
         out.update(plan_mesh=plan.mesh_str, predicted=plan.predicted,

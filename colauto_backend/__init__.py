@@ -9,7 +9,7 @@ caller of the compiled model as themselves (not wrapped by Dynamo), so `except c
 """
 from .backend import colauto
 from .config import Config, ConfigError
-from .dist.plan import ParallelPlan
+from .parallel.plan import ParallelPlan
 from .planner import BudgetError, Plan
 from .profile import Profile, explain, profile
 

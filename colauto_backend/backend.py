@@ -20,9 +20,8 @@ from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost import memory
 from .cost.device import resolve
-from .dist import entry as dist_entry
-from .dist import mesh
-from .parallel import data
+from .parallel import data, mesh
+from .parallel import entry as parallel_entry
 
 # The latest analyses the backend made, newest last (for tests and debugging; bounded: each holds a graph).
 ANALYSES: collections.deque[Analysis] = counters.records("analyses")
@@ -41,11 +40,11 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
     On several ranks the distributed path plans and shards first, then compiles local graphs."""
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         resolved = cfg.resolve_codegen(config, example_inputs)
-        if dist_entry.active(resolved):
+        if parallel_entry.active(resolved):
             def make_local(dp=None, memory_budget=None):
                 planned = config if memory_budget is None else dataclasses.replace(config, memory_budget=memory_budget)
                 return local_backend(planned, on_analysis, dp=dp)
-            return dist_entry.compile(gm, example_inputs, resolved, make_local)
+            return parallel_entry.compile(gm, example_inputs, resolved, make_local)
         return local_backend(config, on_analysis)(gm, example_inputs)   # resolves codegen, reports "(auto)"
     return backend
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .dist import mesh
+from .parallel import mesh
 
 
 def measure(sizes: list[int], repeats: int) -> list[tuple[int, float]]:

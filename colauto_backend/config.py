@@ -128,7 +128,7 @@ def _cudagraphs(raw: str, label: str) -> bool:
 
 
 def _comm(raw: str, label: str) -> str:
-    from .dist.comm import PRESETS, resolve   # local import: comm imports config for errors
+    from .parallel.comm import PRESETS, resolve   # local import: comm imports config for errors
     value = raw.strip()
     if value not in PRESETS and not (value.endswith(".json") and os.path.isfile(value)):
         raise ConfigError(f"{label} is not valid: use a preset ({', '.join(PRESETS)}) or the JSON file "

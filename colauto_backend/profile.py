@@ -202,7 +202,7 @@ def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | 
         config = cfg.load(options)
         budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
         return analysis.planner.plan(budget, partition=False)[0]   # modeled: compile checks the real one
-    from .dist import entry
+    from .parallel import entry
     options["mesh"] = mesh
     config = cfg.load(options)
     if config.mesh is None and devices is None:

@@ -2,7 +2,7 @@
 
 Each launch trains tiny GPT-2 and LLaMA models for 5 AdamW steps under several plans (forced by
 COLAUTO_MESH, and the planner's own). The reference is eager single-process training on the
-concatenated global batch, computed on every rank (tests/dist/train_worker.py).
+concatenated global batch, computed on every rank (tests/ranks/train_worker.py).
 
 Most of a launch's time is compiling (Dynamo, AOTAutograd, colauto's planning and codegen), every rank
 the same graphs; starting a rank (imports, process group, the first compile's warm-up) costs about 8
@@ -17,7 +17,7 @@ import sys
 
 from torchrun import ROOT, clean_env, torchrun
 
-WORKER = os.path.join(os.path.dirname(__file__), "dist", "train_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "ranks", "train_worker.py")
 
 
 def launch(tmp_path, nproc: int, runs: list[str]) -> list[list[dict]]:

@@ -9,8 +9,8 @@ import torch
 
 import colauto_backend
 from colauto_backend import calibrate, config as cfg, report
-from colauto_backend.dist import comm, entry, mesh, strategy
-from colauto_backend.dist.plan import ParallelPlan
+from colauto_backend.parallel import comm, entry, mesh, strategy
+from colauto_backend.parallel.plan import ParallelPlan
 from examples.models import build
 
 
@@ -198,7 +198,7 @@ def test_solve_48_layers_on_2x4_under_two_seconds():
 def test_layer_dp_equals_brute_force():
     """layers.solve against every assignment of options, placements switched at cuts, on integer
     costs where quantization is exact."""
-    from colauto_backend.dist import layers
+    from colauto_backend.parallel import layers
     rng = np.random.default_rng(0)
     for trial in range(300):
         n = int(rng.integers(1, 5))

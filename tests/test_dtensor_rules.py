@@ -1,4 +1,4 @@
-"""The adapter over DTensor's sharding registries (colauto_backend/dist/_dtensor_rules.py), checked against
+"""The adapter over DTensor's sharding registries (colauto_backend/parallel/_dtensor_rules.py), checked against
 DTensor itself at runtime: each op runs on DTensors of a fake 4-rank process group (meta local tensors, so
 no values and no real communication), and the output placements and the redistributions DTensor records
 (DebugMode) must equal what `propagate` predicts; ops `uncovered` names must be the ones that raise."""
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from colauto_backend.dist import _dtensor_rules as rules
+from colauto_backend.parallel import _dtensor_rules as rules
 
 aten = torch.ops.aten
 WORLD = 4

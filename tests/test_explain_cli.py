@@ -213,7 +213,7 @@ def test_image_side_other_than_a_vision_configs_is_one_line(tmp_path, monkeypatc
 
 def test_collectives_across_hosts_run_at_network_rates():
     """The NVLink preset holds one host of 8 devices; an axis whose ranks span hosts uses the network."""
-    from colauto_backend.dist import comm
+    from colauto_backend.parallel import comm
     link = comm.PRESETS["nvlink-h100"]
     axes = (("dp", 64), ("fsdp", 8))
     assert link.over(axes, {"fsdp"}) is link and link.over(axes, {"dp"}) is comm.IB_400G

@@ -4,7 +4,7 @@ tensor parallelism, and the automatic plan.
 
 Each launch trains tiny transformers models under torchrun (CPU, gloo), every rank on its own half (or
 quarter) of the batch; the reference is eager single-process training on the whole batch, computed on
-every rank (tests/dist/hf_worker.py). fp32: losses equal within 1e-5, parameters after 3 AdamW steps
+every rank (tests/ranks/hf_worker.py). fp32: losses equal within 1e-5, parameters after 3 AdamW steps
 within 1e-4, and every rank holds the same parameters. A launch's time is mostly compiling; starting its
 ranks costs about 8 CPU-seconds each (imports, process group, the first compile's warm-up), so a run
 whose error is the point (NO_DTENSOR_RULE, MESH_DOES_NOT_FIT) rides in a launch of its size.
@@ -14,7 +14,7 @@ import os
 
 from torchrun import torchrun
 
-WORKER = os.path.join(os.path.dirname(__file__), "dist", "hf_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "ranks", "hf_worker.py")
 
 CAUSAL = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "gpt_neox", "opt", "falcon"]
 # gpt2 has a graph break (two graphs, each reducing its own gradients) and is compiled inside a module

@@ -120,7 +120,7 @@ MEMORY_BOUND = {
 
 KINDS = ("matmul", "memory", "view", "comm", "unknown")
 # functional collectives (and their waits) in a graph: communication, not compute; timed by their bytes in
-# the single-device cost model (the parallel plan costs them with the interconnect model, dist/comm.py)
+# the single-device cost model (the parallel plan costs them with the interconnect model, parallel/comm.py)
 COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
 
 

@@ -34,7 +34,7 @@ class DataParallel:
     """The data-parallel group a graph's gradients are averaged over."""
     world: int
     group_name: str
-    # False where something else reduces the gradients (a sharded module's parameter reads, dist/emit.py):
+    # False where something else reduces the gradients (a sharded module's parameter reads, parallel/emit.py):
     # only the losses are averaged
     reduce_grads: bool = True
 

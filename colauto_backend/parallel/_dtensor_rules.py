@@ -33,7 +33,7 @@ def _dtensor() -> SimpleNamespace:
         DecompShardingStrategy.has_decomp
     except (ImportError, AttributeError) as e:
         raise RuntimeError(f"colauto: torch {torch.__version__} lacks a DTensor sharding-propagation API colauto "
-                           f"reads ({e}): adapt colauto_backend/dist/_dtensor_rules.py to it") from None
+                           f"reads ({e}): adapt colauto_backend/parallel/_dtensor_rules.py to it") from None
     return SimpleNamespace(DTensor=DTensor, Spec=DTensorSpec, Mesh=DeviceMesh, Replicate=Replicate,
                            dispatcher=dispatcher, prop=prop, has_decomp=DecompShardingStrategy.has_decomp)
 
@@ -119,7 +119,7 @@ def propagate(op: torch._ops.OpOverload, args, kwargs, placements, mesh) -> Shar
         before, after = _specs(d, info.schema), _specs(d, sharding.redistribute_schema)
         if len(before) != len(after):
             raise RuntimeError(f"colauto: DTensor's redistribution for {op} names {len(after)} tensors, the call "
-                               f"has {len(before)}: adapt colauto_backend/dist/_dtensor_rules.py")
+                               f"has {len(before)}: adapt colauto_backend/parallel/_dtensor_rules.py")
         redistribute = tuple((i, tuple(a.placements), tuple(b.placements))
                              for i, (a, b) in enumerate(zip(before, after)) if a.placements != b.placements)
     return Sharding(tuple(None if s is None else tuple(s.placements) for s in outs), redistribute)

@@ -6,7 +6,7 @@ inductor; else aten), +renamed (compiled inside a module whose forward calls its
 (a torch.distributed.checkpoint round trip after training). Writes rank<r>.json with per run the losses,
 the reference losses, a checksum of the trained parameters, and the error if it failed.
 
-    torchrun --nproc-per-node 2 tests/dist/hf_worker.py --out /tmp/r llama@dp=2 t5@fsdp=2
+    torchrun --nproc-per-node 2 tests/ranks/hf_worker.py --out /tmp/r llama@dp=2 t5@fsdp=2
 """
 import argparse
 import copy

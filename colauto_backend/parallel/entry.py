@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from .. import _torch_compat as compat
 from .. import counters, meta, planner, progress, report
 from ..config import Config, ConfigError
-from ..parallel import data
+from . import data
 from . import _dtensor_rules, choose, comm, emit, mesh, strategy
 from .plan import ParallelPlan
 
@@ -141,7 +141,7 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     With `prefer_data_parallel` (the automatic plan), data parallelism is taken wherever it fits the
     budget (with rematerialization if need be), and sharded meshes are weighed only where it does not:
     it runs the captured graph as it is, while sharded plans still re-trace the model under DTensor
-    (colauto_backend/dist/emit.py), which fails on many models as transformers ships them."""
+    (colauto_backend/parallel/emit.py), which fails on many models as transformers ships them."""
     from ..backend import analyze_only   # local import: the backend imports this module
     progress.say("costing the joint forward+backward graph (AOTAutograd, cost model, rematerialization)")
     with torch.enable_grad():    # plan for training, even when the first call is an evaluation

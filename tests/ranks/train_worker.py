@@ -5,7 +5,7 @@ after it (loss and logits) are compared too. Several runs share one launch; each
 planner's choice), optionally @BUDGET@COMM (COLAUTO_MEMORY_BUDGET and COLAUTO_COMM values). Writes rank<r>.json: per run the losses, the reference losses, the plan, the local
 parameter shapes and, with --checkpoint, a torch.distributed.checkpoint round trip.
 
-    torchrun --nproc-per-node 2 tests/dist/train_worker.py --out /tmp/r gpt2@dp=2 llama@auto
+    torchrun --nproc-per-node 2 tests/ranks/train_worker.py --out /tmp/r gpt2@dp=2 llama@auto
 
 MODEL+outside computes the loss outside the model, from the logits it returns (each rank's part);
 MODEL+frozen freezes one parameter in both models; MODEL+triton compiles with codegen triton (as
@@ -105,9 +105,9 @@ def run(spec: str, args) -> dict:
         eval_loss, ref_eval_loss = compiled(xs, ys).item(), ref(x, y).item()
         logits_diff = (compiled(xs) - ref(x).chunk(world)[rank]).abs().max().item()
 
-    from colauto_backend.dist.entry import PLANS, SHARDED
+    from colauto_backend.parallel.entry import PLANS, SHARDED
     plan = PLANS[-1]
-    # a sharded plan shards the module (dist/emit.py); data parallelism leaves the parameters as they are
+    # a sharded plan shards the module (parallel/emit.py); data parallelism leaves the parameters as they are
     sharded = SHARDED[-1] if SHARDED and SHARDED[-1].plan is plan else None
     coord = tuple(sharded.mesh.get_coordinate()) if sharded else (rank,)
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": plan.to_json(),
