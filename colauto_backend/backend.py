@@ -176,23 +176,20 @@ def _codegen(config: cfg.Config, user_outputs: int) -> Callable:
     recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
 
     def run(gm, inputs, *, is_backward, is_inference=False):
+        # whether the graph can be recorded, read once, before any code generation rewrites `gm`
+        reason = recorder.reason(gm, inputs, is_backward=is_backward) if recorder is not None else None
         if config.codegen == "inductor":
-            # whether it can be recorded is read before Inductor's post-grad passes rewrite `gm`
-            reason = recorder.reason(gm, inputs, is_backward=is_backward) if recorder is not None else None
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
                                           num_user_outputs=user_outputs)
-            if recorder is None:
-                return fn
-            return recorder.wrap(fn, gm, inputs, is_backward=is_backward, is_inference=is_inference, reason=reason)
-        if config.codegen == "triton":
-            from . import fusion   # local import: needs triton_kernels only when asked for
-            # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time
-            recorded = recorder is not None and recorder.reason(gm, inputs, is_backward=is_backward) is None
-            done = fusion.fuse(gm, lone_ops=recorded)
-            kind = "inference" if is_inference else "backward" if is_backward else "forward"
-            report.emit_fusion(dataclasses.asdict(done) | {"graph": kind}, config.report)
-        fn = compat.run_as_aten(gm, inputs)
+        else:
+            if config.codegen == "triton":
+                from . import fusion   # local import: needs triton_kernels only when asked for
+                # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time
+                done = fusion.fuse(gm, lone_ops=recorder is not None and reason is None)
+                kind = "inference" if is_inference else "backward" if is_backward else "forward"
+                report.emit_fusion(dataclasses.asdict(done) | {"graph": kind}, config.report)
+            fn = compat.run_as_aten(gm, inputs)
         if recorder is None:
             return fn
-        return recorder.wrap(fn, gm, inputs, is_backward=is_backward, is_inference=is_inference)
+        return recorder.wrap(fn, gm, inputs, reason, is_backward=is_backward, is_inference=is_inference)
     return run

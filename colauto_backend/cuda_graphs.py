@@ -41,12 +41,10 @@ class Recorder:
             return "its forward runs without CUDA graphs"
         return why_not(gm, inputs)
 
-    def wrap(self, fn: Callable, gm: torch.fx.GraphModule, inputs: list, *, is_backward: bool,
-             is_inference: bool, reason: str | None | bool = False) -> Callable:
-        """`reason`: what `self.reason` said before `fn` was compiled (Inductor's passes rewrite `gm`
-        in place); read now when not given."""
-        if reason is False:
-            reason = self.reason(gm, inputs, is_backward=is_backward)
+    def wrap(self, fn: Callable, gm: torch.fx.GraphModule, inputs: list, reason: str | None, *, is_backward: bool,
+             is_inference: bool) -> Callable:
+        """`fn` recorded, or as it is where `reason` (what `self.reason` said of its graph before code
+        generation rewrote it) says why not."""
         kind = "backward" if is_backward else "inference" if is_inference else "forward"
         report.emit_cuda_graphs({"graph": kind, "skipped": reason}, self.report_setting)
         if reason is not None:

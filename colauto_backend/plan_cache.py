@@ -18,6 +18,7 @@ the same plan at once leave one valid file.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -51,20 +52,21 @@ def key(joint: fx.GraphModule, settings: tuple) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-_SOURCE_DIGEST: list[str] = []
+@functools.cache
+def source_digest() -> str:
+    """A hash of colauto's source files, read once per process."""
+    digest = hashlib.sha256()
+    root = Path(__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def compile_key(settings: tuple) -> str:
-    """A hash of colauto's source files (any change to the planner invalidates what was compiled
-    under it) and `settings` (repr'd)."""
-    if not _SOURCE_DIGEST:
-        digest = hashlib.sha256()
-        root = Path(__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
-        _SOURCE_DIGEST.append(digest.hexdigest())
-    return hashlib.sha256(repr((FORMAT, _SOURCE_DIGEST[0], settings)).encode()).hexdigest()[:32]
+    """A hash of colauto's source (any change to the planner invalidates what was compiled under it)
+    and `settings` (repr'd)."""
+    return hashlib.sha256(repr((FORMAT, source_digest(), settings)).encode()).hexdigest()[:32]
 
 
 def load(digest: str) -> dict[str, Any] | None:

@@ -242,7 +242,7 @@ def test_second_launch_loads_the_compiled_step_from_torchs_cache(monkeypatch, tm
         monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
         assert launch({})[1:] == (1, 0)
     key = plan_cache.compile_key(("none",))
-    monkeypatch.setattr(plan_cache, "_SOURCE_DIGEST", ["another colauto"])
+    monkeypatch.setattr(plan_cache, "source_digest", lambda: "another colauto")
     assert plan_cache.compile_key(("none",)) != key
 
 
