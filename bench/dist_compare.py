@@ -13,7 +13,8 @@ torch.compile, FSDP2 (fully_shard per block) + torch.compile, and tensor paralle
 (parallelize_module: Megatron column/row pairs, DTensor activations) + torch.compile, where each rank of
 the tp group runs the whole global batch. Writes one JSON per configuration on rank 0: tokens/s per GPU,
 measured peak memory (max over ranks, less what earlier configurations of the process still hold),
-colauto's predicted peak and plan, or the error that stopped it.
+colauto's predicted peak and plan, or the error that stopped it. Peaks are given over the whole run (the model's build, the first call and
+the warm-up included) and over the timed steps alone.
 """
 from __future__ import annotations
 
@@ -117,7 +118,10 @@ def run(kind: str, args, rank: int, world: int) -> dict:
         torch.cuda.reset_peak_memory_stats()
     # What an earlier configuration in this process still holds is not this one's: subtract it.
     leftover = torch.cuda.memory_allocated() if CUDA else 0
+    build_start = time.perf_counter()
     model, make, loss_of = build_model(args.model)
+    sync()
+    build_s = time.perf_counter() - build_start
     if kind == "tp" and args.model.startswith("hf/"):
         raise ValueError("the hand-written tp configuration knows the zoo's module names only")
     fn, mult = prepare(kind, model, world)
@@ -128,9 +132,12 @@ def run(kind: str, args, rank: int, world: int) -> dict:
         inputs = ({k: v.chunk(world)[rank] for k, v in inputs.items()} if isinstance(inputs, dict)
                   else tuple(v.chunk(world)[rank] for v in inputs))
     compile_start = time.perf_counter()
-    times = []
+    times, whole_peak = [], 0
     for step in range(args.warmup + args.steps):
         sync()
+        if step == args.warmup and CUDA:    # the timed steps' own peak: no build, no first call
+            whole_peak = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         # tp: plain tensors (RoPE tables made in forward, the parameters parallelize_module left alone,
         # which fused AdamW steps together with the DTensor ones) count as replicated
@@ -146,7 +153,9 @@ def run(kind: str, args, rank: int, world: int) -> dict:
             compile_s = time.perf_counter() - compile_start
     timed = sorted(times[args.warmup:])
     median = timed[len(timed) // 2]
-    peak = torch.tensor([torch.cuda.max_memory_allocated() - leftover if CUDA else 0], device=DEVICE)
+    # peak over the whole run (build, first call, warm-up) before the reset above, and over the timed steps
+    peak = torch.tensor([max(whole_peak, torch.cuda.max_memory_allocated()) - leftover if CUDA else 0,
+                         torch.cuda.max_memory_allocated() - leftover if CUDA else 0], device=DEVICE)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     # the ranks' mean of the last loss (DDP and FSDP2 return each rank's own; colauto the mean already)
     last = torch.tensor([float(loss.detach().float().item() if not hasattr(loss, "full_tensor")
@@ -154,7 +163,8 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     dist.all_reduce(last)
     # tokens/s per GPU: the global batch's tokens per step over the GPUs (the same for every config)
     out = {"config": kind, "tokens_per_s_per_gpu": args.batch * args.seq / median, "step_s": median,
-           "steps_s": times, "peak_bytes": int(peak.item()), "compile_first_step_s": compile_s,
+           "steps_s": times, "peak_bytes": int(peak[0].item()), "peak_timed_bytes": int(peak[1].item()),
+           "build_s": build_s, "compile_first_step_s": compile_s,
            "loss": float(last.item()) / world}
     if kind.startswith("colauto"):
         from colauto_backend.parallel.entry import PLANS, SHARDED
@@ -179,13 +189,15 @@ def summarize(directory: str) -> str:
             continue
         step = d["batch_per_gpu"] * d["seq"] / d["tokens_per_s_per_gpu"]
         p = d.get("predicted")
-        rows.append(f"| {d['model']} | {label} | {d['tokens_per_s_per_gpu']:,.0f} | {d['peak_bytes'] / 2**30:.2f} | "
+        timed = f" / {d['peak_timed_bytes'] / 2**30:.2f}" if "peak_timed_bytes" in d else ""
+        rows.append(f"| {d['model']} | {label} | {d['tokens_per_s_per_gpu']:,.0f} | {d['peak_bytes'] / 2**30:.2f}{timed} | "
                     + (f"{p['memory_bytes'] / 2**30:.2f} | {p['step_time_s'] * 1e3:.0f} / {step * 1e3:.0f} | "
                        f"{d['plan_mesh']} |" if p else f" | - / {step * 1e3:.0f} | |"))
     head = [f"{meta['gpus']}x {meta['card']}, torch {meta['torch']}, {meta['date']}: bf16 autocast, fused AdamW, "
             f"T={meta['seq']}, micro-batch {meta['batch_per_gpu']} per GPU (the same global batch for every "
             "configuration), median of the timed steps.", "",
-            "| model | configuration | tokens/s per GPU | measured peak GiB (max over ranks) | predicted peak GiB "
+            "| model | configuration | tokens/s per GPU | measured peak GiB, whole run / timed steps (max over ranks) "
+            "| predicted peak GiB "
             "| predicted / measured step ms | colauto mesh |", "|---|---|---|---|---|---|---|"]
     return "\n".join(head + rows) + "\n"
 

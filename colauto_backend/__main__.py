@@ -7,8 +7,8 @@
 
 --model is a transformers config (a config.json or the directory holding it), a model id already in
 the local Hugging Face cache (nothing is downloaded), or a name of the project's example zoo
-(NAME:SIZE from examples/models.py, e.g. gpt2:1.5b, llama:7b; or hf:NAME[:bench] from
-examples/hf_zoo.py, e.g. hf:qwen2:bench). The model is built on the meta device: no weights are
+(NAME:SIZE from examples/models.py, e.g. gpt2:1.5b, llama:7b; or hf:NAME[:SIZE] from
+examples/hf_zoo.py, e.g. hf:qwen2:bench, hf:llama:8b). The model is built on the meta device: no weights are
 allocated, so any size can be planned on any machine. Without --mesh or --devices it prints the
 single-device rematerialization plan; with them, the parallel plan for that many devices (this machine
 need not have them). --batch is one rank's micro-batch. Progress goes to stderr, the plan to stdout.
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                         formatter_class=_Formatter)
     ex.add_argument("--model", default="gpt2:124m",
                     help="config.json path, a model id in the local HF cache, NAME:SIZE (examples/models.py) "
-                         "or hf:NAME[:bench] (examples/hf_zoo.py)")
+                         "or hf:NAME[:SIZE] (examples/hf_zoo.py: tiny, bench, llama:8b)")
     ex.add_argument("--batch", type=int, default=1, help="micro-batch per rank")
     ex.add_argument("--seq", type=int, default=1024, help="sequence length (image side for image models)")
     ex.add_argument("--mesh", default=None,

@@ -1,7 +1,7 @@
 """The models `python -m colauto_backend explain --model ...` can plan, built on the meta device.
 
 A `--model` is, in this order:
-- `hf:NAME[:SIZE]`: a model of the project's examples/hf_zoo.py (SIZE tiny or bench);
+- `hf:NAME[:SIZE]`: a model of the project's examples/hf_zoo.py (SIZE tiny, bench or a named shape: llama:8b);
 - `NAME:SIZE` or `NAME`: a model of examples/models.py (gpt2:1.5b, llama:7b), else of hf_zoo.py;
 - a path to a transformers `config.json`, or to the directory holding one;
 - a model id whose config is already in the local Hugging Face cache (nothing is downloaded).
@@ -244,9 +244,10 @@ def _from_hf_zoo(hf_zoo, name: str, size: str, batch: int, seq: int, dtype: str,
     if name not in hf_zoo.SPECS:
         raise ModelError(f"--model {spec}: unknown examples/hf_zoo.py model {name!r}: use hf:NAME with NAME one of "
                          f"{', '.join(hf_zoo.NAMES)}")
-    if size not in ("tiny", "bench") or (size == "bench" and hf_zoo.SPECS[name].bench is None):
-        sizes = "tiny or bench" if hf_zoo.SPECS[name].bench is not None else "tiny"
-        raise ModelError(f"--model {spec}: hf_zoo model {name!r} has no size {size!r}: use {sizes}")
+    sizes = (hf_zoo.sizes_of(name) if hasattr(hf_zoo, "sizes_of")
+             else ("tiny",) + (("bench",) if hf_zoo.SPECS[name].bench is not None else ()))
+    if size not in sizes:
+        raise ModelError(f"--model {spec}: hf_zoo model {name!r} has no size {size!r}: use {' or '.join(sizes)}")
     config = hf_zoo.config_of(name, size)
     config.architectures = [hf_zoo.SPECS[name].model]
     return _from_config(config, batch, seq, dtype if dtype != "auto" else "float32", f"hf:{name}:{size}")

@@ -1,7 +1,8 @@
 """HuggingFace transformers models as users have them, built from configs (no network, random weights).
 
 Each entry names a transformers class and two shapes: ``tiny`` (CPU tests: 2 layers, width 64) and, for
-causal LMs, ``bench`` (the GPU benchmark: the shape of a public 0.4-1.5B checkpoint). Nothing here wraps
+causal LMs, ``bench`` (the GPU benchmark: the shape of a public 0.4-1.5B checkpoint); some have more
+named shapes (``sizes``: llama's ``8b`` is Llama-3-8B's). Nothing here wraps
 the model: it is called as a user calls it, ``model(input_ids=x, labels=x).loss`` (``pixel_values=`` for
 vision, ``decoder_input_ids`` from the labels for encoder-decoders), and returns a ``ModelOutput``.
 
@@ -26,6 +27,7 @@ class HFSpec:
     bench: dict[str, Any] | None = None   # public checkpoint's shape (causal LMs only)
     bench_batch: int = 8
     checkpoint: str = ""           # whose shape `bench` is
+    sizes: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)   # more named shapes
 
 
 _L = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=64, intermediate_size=128, vocab_size=256,
@@ -37,7 +39,13 @@ SPECS: dict[str, HFSpec] = {
     "llama": HFSpec("LlamaConfig", "LlamaForCausalLM", "causal", _ROPE,
                     dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                          num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048), 4,
-                    "TinyLlama-1.1B"),
+                    "TinyLlama-1.1B",
+                    # Meta-Llama-3-8B's config.json (8.03B parameters)
+                    {"8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                                max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                rope_parameters=dict(rope_type="default", rope_theta=500000.0),
+                                bos_token_id=128000, eos_token_id=128001)}),
     "qwen2": HFSpec("Qwen2Config", "Qwen2ForCausalLM", "causal", _ROPE,
                     dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
@@ -112,6 +120,12 @@ _NO_DROPOUT = ("dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
                "hidden_dropout", "activation_dropout", "classifier_dropout", "drop_path_rate")
 
 
+def sizes_of(name: str) -> tuple[str, ...]:
+    """The shapes `name` has: tiny, bench (causal LMs), then its named ones."""
+    spec = SPECS[name]
+    return ("tiny",) + (("bench",) if spec.bench is not None else ()) + tuple(spec.sizes)
+
+
 def config_of(name: str, size: str = "tiny"):
     import transformers  # lazy: only HF models need it
 
@@ -120,10 +134,9 @@ def config_of(name: str, size: str = "tiny"):
     if name not in SPECS:
         raise ValueError(f"unknown HF model {name!r}: use one of {', '.join(NAMES)}")
     spec = SPECS[name]
-    shape = spec.tiny if size == "tiny" else spec.bench
+    shape = {"tiny": spec.tiny, "bench": spec.bench, **spec.sizes}.get(size)
     if shape is None:
-        raise ValueError(f"HF model {name!r} has no {size!r} shape: use tiny"
-                         + (" or bench" if spec.bench else ""))
+        raise ValueError(f"HF model {name!r} has no {size!r} shape: use {' or '.join(sizes_of(name))}")
     config = getattr(transformers, spec.config)(**shape)
     for key in _NO_DROPOUT if size == "tiny" else ():
         if hasattr(config, key) and isinstance(getattr(config, key), float):

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# 2026-11-27 (third session), call 1 (4 GPUs): HF LlamaForCausalLM at the Llama-3-8B shape (hf/llama:8b,
+# 8.03B parameters, random weights), T=2048, micro-batch 1 per GPU (global batch 4), bf16 autocast over fp32
+# weights, fused AdamW: FSDP2 (fully_shard per decoder layer, then the model) + torch.compile, then colauto's
+# automatic plan (backend="colauto", codegen inductor, no COLAUTO_MESH). DDP does not fit 8B (fp32 weights,
+# gradients and AdamW state: 128 GB a GPU). Each configuration is its own launch with its own compile cache
+# folder (cold compiles), under `timeout` so the call ends inside the tool's 10-minute limit.
+#   bash bench/sessions/gpu9.sh                 # call 1: T=2048, fsdp2 then colauto
+#   SEQ=8192 CONFIGS="fsdp2 colauto" bash bench/sessions/gpu9.sh   # other shapes / configurations
+#   MODEL=hf/llama:tiny SEQ=16 bash bench/sessions/gpu9.sh           # the script's dry run on CPU (gloo)
+# Everything lands in one tar ($OUT/r9.tgz) and a log ($OUT/r9.log).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export COLAUTO_PLAN_CACHE=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+MODEL=${MODEL:-hf/llama:8b}; SEQ=${SEQ:-2048}; BATCH=${BATCH:-1}; CONFIGS=${CONFIGS:-"fsdp2 colauto"}; BUDGET=${BUDGET:-565}
+FSDP2_MAX=${FSDP2_MAX:-230}
+R=/tmp/r9; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+nvidia-smi -L > $R/cards.txt; nvidia-smi topo -m > $R/topo.txt 2>&1
+python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" > $R/versions.txt
+{ echo "${COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"; git status --short 2>/dev/null; } > $R/commit.txt
+nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv -l 5 > $R/smi.csv 2>&1 &
+SMI=$!
+T0=$(date +%s)
+left() { local s=$(( BUDGET - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
+for c in $CONFIGS; do
+  t=$(left); [ "$c" = fsdp2 ] && [ $t -gt $FSDP2_MAX ] && t=$FSDP2_MAX
+  name=$c-T$SEQ-B$BATCH
+  echo "== $name: timeout $t s" | tee -a $R/steps.txt
+  s=$(date +%s)
+  env TORCHINDUCTOR_CACHE_DIR=/tmp/caches/$name COLAUTO_REPORT=1 timeout -k 10 $t \
+    torchrun --standalone --nproc-per-node 4 -m bench.dist_compare --model $MODEL --batch $BATCH --seq $SEQ \
+      --configs $c --warmup 2 --steps 5 --out $R/json > $R/$name.log 2>&1
+  echo "   exit $? after $(( $(date +%s) - s )) s" | tee -a $R/steps.txt
+done
+kill $SMI 2>/dev/null
+echo "wall $(( $(date +%s) - T0 )) s" >> $R/steps.txt
+python -m bench.dist_compare --summarize --out $R/json > /dev/null 2>&1
+python - $R/json > $R/brief.txt 2>&1 <<'EOF'
+import glob, json, os, sys
+for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    d = json.load(open(p))
+    if "error" in d:
+        print(os.path.basename(p), "ERROR", d["error"][:600]); continue
+    pr = d.get("predicted") or {}
+    print(os.path.basename(p), f"tok/s/GPU {d['tokens_per_s_per_gpu']:,.0f}", f"step {d['step_s']*1e3:.0f} ms",
+          f"peak {d['peak_bytes']/2**30:.2f} / timed {d['peak_timed_bytes']/2**30:.2f} GiB",
+          f"first step {d['compile_first_step_s']:.1f} s", f"build {d['build_s']:.1f} s",
+          "steps " + " ".join(f"{s:.2f}" for s in d["steps_s"]), f"loss {d['loss']:.4f}",
+          (f"mesh {d['plan_mesh']} predicted {pr.get('step_time_s', 0)*1e3:.0f} ms {pr.get('memory_bytes', 0)/2**30:.2f} GiB"
+           if "plan_mesh" in d else ""))
+EOF
+cat $R/steps.txt $R/versions.txt $R/cards.txt $R/brief.txt $R/json/summary.md 2>/dev/null > $OUT/r9.log
+tar czf $OUT/r9.tgz -C $R .
+for f in $R/*.log; do echo "--- $f"; grep -v "Warning\|warn(" $f | tail -12 | cut -c1-400; done
+cat $OUT/r9.log
