@@ -6,6 +6,8 @@
 # gradients and AdamW state: 128 GB a GPU). Each configuration is its own launch with its own compile cache
 # folder (cold compiles), under `timeout` so the call ends inside the tool's 10-minute limit.
 #   bash bench/sessions/gpu9.sh                 # call 1: T=2048, fsdp2 then colauto
+#   CONFIGS="colauto fsdp2" RESERVE=75 bash bench/sessions/gpu9.sh   # call 2 (after the first-call fix): colauto
+#                                               # first, FSDP2 again on the same machine with the time left
 #   SEQ=8192 CONFIGS="fsdp2 colauto" bash bench/sessions/gpu9.sh   # other shapes / configurations
 #   MODEL=hf/llama:tiny SEQ=16 bash bench/sessions/gpu9.sh           # the script's dry run on CPU (gloo)
 # Everything lands in one tar ($OUT/r9.tgz) and a log ($OUT/r9.log).
@@ -13,7 +15,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 export COLAUTO_PLAN_CACHE=0 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 MODEL=${MODEL:-hf/llama:8b}; SEQ=${SEQ:-2048}; BATCH=${BATCH:-1}; CONFIGS=${CONFIGS:-"fsdp2 colauto"}; BUDGET=${BUDGET:-565}
-FSDP2_MAX=${FSDP2_MAX:-230}
+FSDP2_MAX=${FSDP2_MAX:-230}; RESERVE=${RESERVE:-0}
 R=/tmp/r9; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi -L > $R/cards.txt; nvidia-smi topo -m > $R/topo.txt 2>&1
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" > $R/versions.txt
@@ -22,8 +24,10 @@ nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv -l 5 > $R/
 SMI=$!
 T0=$(date +%s)
 left() { local s=$(( BUDGET - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
+LAST=${CONFIGS##* }
 for c in $CONFIGS; do
   t=$(left); [ "$c" = fsdp2 ] && [ $t -gt $FSDP2_MAX ] && t=$FSDP2_MAX
+  [ "$c" != "$LAST" ] && [ $t -gt $(( $(left) - RESERVE )) ] && t=$(( $(left) - RESERVE ))   # time kept for the rest
   name=$c-T$SEQ-B$BATCH
   echo "== $name: timeout $t s" | tee -a $R/steps.txt
   s=$(date +%s)

@@ -80,9 +80,12 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
     # the first call runs this captured graph as data parallelism on the gathered parameters (each rank's
-    # loss averaged, gradients averaged back into the shards); Dynamo then re-traces the sharded module
-    compiled = make_local(data.DataParallel.world_group(reduce_grads=False), _planned_budget(plan))(
-        gm, example_inputs)
+    # loss averaged, gradients averaged back into the shards); Dynamo then re-traces the sharded module.
+    # That one step is outside the plan (whole parameters and gradients; the optimizer state lives with
+    # the shards), so it is compiled without a budget: under the plan's, the single-device memory model
+    # counted whole-parameter optimizer state, and every model that needs sharding to fit stopped here
+    # with BudgetError (HF Llama-3-8B on 4 H100s: 120 GiB asked of a 71.7 GiB budget)
+    compiled = make_local(data.DataParallel.world_group(reduce_grads=False), ("none", 0.0))(gm, example_inputs)
     return sharded.first_call(compiled, example_inputs)
 
 
