@@ -126,7 +126,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             # and the planner checks the plan it chooses on its real partition
             predict = functools.partial(
                 memory.predict_partition, joint.graph, num_fwd_outputs=num_fwd_outputs, param_indices=params,
-                device=device, optimizer=config.optimizer, hints=baseline.hints)
+                device=device, optimizer=config.optimizer, hints=baseline.hints, fused=baseline.fused)
             remat = planner.Planner(joint, split, baseline, analysis_for, buffers, predict,
                                     cache_settings=(config.codegen, repr(device), config.optimizer, dp is not None),
                                     exact=config.codegen == "aten")

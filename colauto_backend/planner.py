@@ -10,18 +10,21 @@
    around them (emit/remat.py).
 3. Each candidate that decides every node has its partition modeled, not run
    (cost/memory.predict_partition: which values the partitioner saves and recomputes, and the step's
-   liveness at the example sizes), for up to MAX_MODELED frontier points. The modeled plan is the
-   candidate with the least predicted step time whose modeled peak fits; its real partition is then
-   run and simulated, and if that peak does not fit, the next candidate is tried (`Plan.model_misses`),
-   skipping those the model's error on the missed one puts over the budget. The model is exact for
-   aten's default_partition; under Inductor and Triton codegen the min-cut partitioner also places
-   the untagged views, and the modeled peak is off by a few percent (checked on real partitions).
+   liveness at the example sizes; under Inductor and Triton codegen with Inductor's fusion, as the
+   chosen plan's real partition is simulated), for up to MAX_MODELED frontier points. The modeled plan
+   is the candidate with the least predicted step time whose modeled peak fits; its real partition is
+   then run and simulated, and if that peak does not fit, the next candidate is tried
+   (`Plan.model_misses`), skipping those the model's error on the missed one puts over the budget. The
+   model is exact for aten's default_partition; under min-cut its peak equalled the real partition's
+   on the HF models checked (tests/test_remat_inductor.py), though min-cut also places the untagged
+   views, so the chosen plan is still checked on its real partition.
    explain() reports the modeled plan without partitioning where the model is exact (aten:
    Planner.plan(partition=False)); otherwise it reports the real partition of the plan, as compiling does.
 4. Under Inductor and Triton codegen, the candidates that fix only the compute-bound nodes (min-cut
-   places all the rest, which no model predicts) are searched on real partitions: along the frontier
-   (fastest first, peaks falling) a bisection for the first that fits, log2(MAX_CANDIDATES) + 1
-   partitions. The plan is the faster of this and the modeled choice.
+   places all the rest, which no model predicts) are searched on real partitions, only where they may
+   beat the modeled choice: a lower bound of each one's time (`Planner._least_time`) prunes them, and
+   along the frontier, cut where the DP starts recomputing fewer nodes (the real peak can rise there),
+   a bisection per run finds the first that fits. The plan is the faster of this and the modeled choice.
 "Fits" means a simulated peak within the budget less HEADROOM (0.5%, for allocations the model does
 not see). The candidate set does not depend on the budget, and a smaller budget only shrinks the set
 of candidates that fit; the choice among them is monotone where the model is exact (aten). Where it
@@ -138,6 +141,8 @@ class Planner:
         self._modeled: dict[tuple, tuple[dict, Analysis]] = {}
         self._ratios: list[float] = []      # real / modeled peak of each modeled candidate partitioned
         self._again = {c.name: float(t) for c, t in zip(baseline.costs.nodes, self.base["_recompute_times"])}
+        # forward nodes backward reads, through views, and the view nodes' names (_least_time)
+        self._read_by_backward: tuple[list[fx.Node], set[str]] | None = None
 
     def plan(self, budget: int | None, partition: bool = True) -> tuple[Plan, tuple | None, Analysis]:
         """(plan, (fw, bw) or None where the unplanned partition fits, analysis of the chosen partition).
@@ -204,7 +209,7 @@ class Planner:
             chosen = (keep, modeled[keep][0], None, modeled[keep][1], False)
         else:
             chosen, misses = self._probe(modeled, limit)
-        found = self._search(cands.searched, limit)
+        found = self._search(cands.searched, limit, chosen[1]["est_step_time_s"] if chosen else math.inf)
         if found is not None and (chosen is None or found[1]["est_step_time_s"] < chosen[1]["est_step_time_s"]):
             chosen = (*found, True)
         if chosen is None:     # the least peak known, to tell the user (every candidate run included)
@@ -256,26 +261,80 @@ class Planner:
                         break
         return fastest_fit(), misses
 
-    def _search(self, ordered: list[tuple], limit: float) -> tuple[tuple, dict, tuple, Analysis] | None:
-        """The fastest of `ordered` (fastest first, peaks falling along it) whose real partition fits:
-        a bisection on real partitions, log2(len) + 1 of them, then the fastest that fit of those run."""
+    def _search(self, ordered: list[tuple], limit: float, bound: float = math.inf
+                ) -> tuple[tuple, dict, tuple, Analysis] | None:
+        """The fastest of `ordered` (fastest first) whose real partition fits, among those that may run
+        faster than `bound` seconds (`_least_time`). Along the frontier the DP recomputes more nodes
+        point by point and the peak falls, but not across a point where it recomputes fewer, larger
+        values instead: there the real peak can rise again (the DP's model of what min-cut keeps is not
+        min-cut's; seen on HF Qwen2 at the logits). So `ordered` is cut into runs where the number of
+        nodes tagged for recomputation grows, and each run's candidates that may beat the best found so
+        far are bisected on real partitions (the slowest first: if it does not fit, none of the run does)."""
         if not ordered:
             return None
+        names = self._candidate_set().names
+        forced = [sum(1 for k in keep if k is False) for keep in ordered]
+        runs, run = [], [0]
+        for i in range(1, len(ordered)):
+            if forced[i - 1] <= forced[i]:
+                run.append(i)
+            else:
+                runs.append(run)
+                run = [i]
+        runs.append(run)
+
         def fits(i: int) -> bool:
             return self.partitioned(ordered[i])[0]["peak_memory_bytes"] <= limit
-        lo, hi = 0, len(ordered) - 1
-        if not fits(hi):
-            return None
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        ran = [(keep, *self._simulated[keep]) for keep in ordered if keep in self._simulated]
-        keep, ev, graphs, analysis = min((r for r in ran if r[1]["peak_memory_bytes"] <= limit),
-                                         key=lambda r: r[1]["est_step_time_s"])
-        return keep, ev, graphs, analysis
+
+        def best() -> tuple | None:
+            ran = [(keep, *self._simulated[keep]) for keep in ordered if keep in self._simulated
+                   and self._simulated[keep][0]["peak_memory_bytes"] <= limit]
+            return min(ran, key=lambda r: r[1]["est_step_time_s"], default=None)
+        for run in runs:
+            found = best()
+            beat = min(bound, found[1]["est_step_time_s"]) if found is not None else bound
+            # a candidate that forces no recomputation is min-cut's own partition with some values
+            # pinned: no smaller than the unplanned one, which did not fit
+            run = [i for i in run if forced[i] and self._least_time(ordered[i]) < beat]
+            if not run or not fits(run[-1]):
+                continue
+            lo, hi = 0, len(run) - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if fits(run[mid]):
+                    hi = mid
+                else:
+                    lo = mid + 1
+        return best()
+
+    def _least_time(self, keep: tuple) -> float:
+        """A lower bound of the candidate's step time: the unplanned step plus the nodes it tags for
+        recomputation that backward reads, directly or through other such nodes (min-cut may not save
+        them, so it recomputes them; whatever else it recomputes only adds)."""
+        names = self._candidate_set().names
+        forced = {n for n, k in zip(names, keep) if k is False}
+        if not forced:
+            return self.base["est_step_time_s"]
+        if self._read_by_backward is None:
+            views = {c.name for c in self.baseline.costs.nodes if c.kind == "view"}
+            # what backward reads, looking through views (a view of a value is that value's storage)
+            read, stack = set(), [a for n in self.joint.graph.nodes if graph.is_backward(n)
+                                  for a in n.all_input_nodes if not graph.is_backward(a)]
+            while stack:
+                a = stack.pop()
+                if a not in read:
+                    read.add(a)
+                    if a.name in views:
+                        stack.extend(a.all_input_nodes)
+            self._read_by_backward = (list(read), views)
+        read, views = self._read_by_backward
+        again, stack = set(), [a for a in read if a.name in forced]
+        while stack:
+            a = stack.pop()
+            if a.name not in again:
+                again.add(a.name)
+                stack.extend(x for x in a.all_input_nodes if x.name in forced or x.name in views)
+        return self.base["est_step_time_s"] + math.fsum(self._again.get(n, 0.0) for n in again if n in forced)
 
     def candidates(self) -> list[tuple]:
         """Every candidate plan: its tags, one per node the DP decides (what `modeled` and `partitioned` take)."""

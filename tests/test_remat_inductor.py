@@ -49,20 +49,54 @@ def test_gradients_equal_eager_under_budget_with_inductor():
         torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-4, msg=n)
 
 
-@pytest.mark.parametrize("name", ["hf_qwen2", "hf_gpt_neox"])
-def test_few_partitions_and_plans_as_fast_as_partitioning_every_candidate(name):
-    """Under min-cut (Inductor codegen) a plan is chosen from modeled candidates plus a bisection over
-    the compute-only ones, each checked on its real partition: against the exhaustive search (every
-    candidate of the old 12-point grid partitioned and simulated, `Planner(predict=None)`), every plan
-    fits the budget by its real partition, runs a handful of partitions, and is no slower than 3%; the
-    least feasible budget is within 3% of the exhaustive search's."""
+def hf_planner(name: str, vocab: int | None = None, kind: str = "text"):
+    """explain()'s Planner for a tiny HF model under Inductor codegen (`vocab`: another vocabulary size)."""
     import sys
+    import transformers
+    from examples.hf_zoo import SPECS, build_hf, config_of
+    if vocab is None:
+        model, make = build_hf(name)
+        kw = make(4, 32 if SPECS[name].kind == "image" else 64)
+    else:
+        config = config_of(name)
+        config.vocab_size = vocab
+        model = getattr(transformers, SPECS[name].model)(config)
+        ids = torch.randint(0, vocab, (4, 64), generator=torch.Generator().manual_seed(0))
+        kw = {"input_ids": ids, "labels": ids}
+    colauto_backend.explain(model, kwargs=kw, budget="none", options=OPTIONS)
+    return sys.modules["colauto_backend.profile"]._CAPTURES[model][1].planner
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama", "gpt_neox", "bart", "vit"])
+def test_modeled_partition_is_the_real_one_under_min_cut(name):
+    """Under Inductor codegen a candidate's partition is modeled as Inductor runs it: memory-bound
+    intermediates fused into their consumers take no memory, recomputed groups run where Inductor runs
+    them. Against the real min-cut partition of every 4th modeled candidate, its graphs simulated as
+    compiled: the same peak. (Modeled as unfused, the peak was off by
+    -6% to +16% on these models and by +40% on HF Qwen2-0.5B's width, where the [tokens, vocab] loss
+    intermediates that Inductor never writes dominate.)"""
+    planner = hf_planner(name)
+    searched = set(planner._candidate_set().searched)
+    keeps = [k for k in planner.candidates() if k not in searched][::4]
+    assert len(keeps) >= 3
+    for keep in keeps:
+        model_ev, _ = planner.modeled(keep)
+        real_ev, _, _ = planner.partitioned(keep)
+        assert model_ev["peak_memory_bytes"] == real_ev["peak_memory_bytes"], keep
+
+
+@pytest.mark.parametrize("name, vocab", [("qwen2", None), ("gpt_neox", None), ("qwen2", 8192)])
+def test_few_partitions_and_plans_as_fast_as_partitioning_every_candidate(name, vocab):
+    """Under min-cut (Inductor codegen) a plan is chosen from modeled candidates plus a search of the
+    compute-only ones that may be faster, each checked on its real partition: against the exhaustive
+    search (every candidate of the old 12-point grid partitioned and simulated, `Planner(predict=None)`),
+    every plan fits the budget by its real partition, runs a handful of partitions, and is no slower
+    than 3%; the least feasible budget is within 3% of the exhaustive search's. With an 8192-token
+    vocabulary the loss's [tokens, vocab] tensors dominate the peak, as in HF's causal LMs (the plan
+    was 10% slower than the exhaustive search's, after 5 partitions, while the modeled peak ignored
+    Inductor's fusion)."""
     from colauto_backend import planner as planner_mod
-    from examples.hf_zoo import build_hf
-    model, make = build_hf(name[3:])
-    kw = {"kwargs": make(4, 64)}
-    colauto_backend.explain(model, **kw, budget="none", options=OPTIONS)
-    fast = sys.modules["colauto_backend.profile"]._CAPTURES[model][1].planner
+    fast = hf_planner(name, vocab)
     slow = planner_mod.Planner(fast.joint, fast.partition, fast.baseline, fast.analysis_for, fast.buffers)
     with pytest.raises(BudgetError) as err:
         slow.plan(1024)
@@ -75,7 +109,7 @@ def test_few_partitions_and_plans_as_fast_as_partitioning_every_candidate(name):
         assert got.step_time_with_s <= ref.step_time_with_s * 1.03, (budget, got.step_time_with_s, ref.step_time_with_s)
         return got
     first = check(int(lo + 0.9 * (hi - lo)))
-    assert first.partitions_run <= 8, first.partitions_run    # later budgets reuse its partitions
+    assert first.partitions_run <= 4, first.partitions_run    # later budgets reuse its partitions
     for f in (0.6, 0.3):
         check(int(lo + f * (hi - lo)))
     with pytest.raises(BudgetError) as err_fast:

@@ -55,14 +55,21 @@ def fused_away(graph: fx.Graph) -> set[fx.Node]:
     REALIZE_READS of them, and the node is not returned. Matmul-class, collective and unknown ops
     read materialized buffers."""
     nodes = [n for n in graph.nodes if n.op == "call_function"]
-    returned = set(list(graph.nodes)[-1].all_input_nodes)
+    return fused_away_of(nodes, set(list(graph.nodes)[-1].all_input_nodes))
+
+
+def fused_away_of(nodes: list[fx.Node], returned: set) -> set[fx.Node]:
+    """`fused_away` for the graph that runs `nodes` and returns `returned` (a modeled partition's forward
+    or backward, as nodes of the joint graph): only users among `nodes` are its consumers."""
+    members = set(nodes)
     kind = {n: classify(n.target, bool(tensors_in(n.meta.get("val")))) for n in nodes}
     needed: dict[fx.Node, bool] = {}
     for n in reversed(nodes):
+        users = [u for u in n.users if u in members]
         needed[n] = n in returned or any(
-            u.op != "call_function" or kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u])
-            for u in n.users)
-    return {n for n in nodes if kind[n] == "memory" and not needed[n] and len(n.users) <= REALIZE_READS
+            kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u]) for u in users)
+    return {n for n in nodes if kind[n] == "memory" and not needed[n]
+            and sum(1 for u in n.users if u in members) <= REALIZE_READS
             and not isinstance(n.meta.get("val"), (tuple, list))}
 
 
@@ -71,7 +78,12 @@ def inductor_order(graph: fx.Graph, recomputed: frozenset[str]) -> list[fx.Node]
     ops that feed one another form one fused kernel, which runs (and allocates all its outputs) where
     the group's first op is. Seen on GPT-2: the whole recomputed residual stream of 12 layers ran as
     one kernel at the start of backward. Otherwise the graph's order."""
-    nodes = list(graph.nodes)
+    return inductor_order_of(list(graph.nodes), recomputed)
+
+
+def inductor_order_of(nodes: list[fx.Node], recomputed: frozenset[str]) -> list[fx.Node]:
+    """`inductor_order` of the graph that runs `nodes` (in this order; inputs from outside them are
+    ready from the start)."""
     pos = {n: i for i, n in enumerate(nodes)}
     group = {n: n for n in nodes}
 
@@ -88,12 +100,12 @@ def inductor_order(graph: fx.Graph, recomputed: frozenset[str]) -> list[fx.Node]
     for n in nodes:
         if fusible(n):
             for a in n.all_input_nodes:
-                if fusible(a):
+                if a in pos and fusible(a):
                     ra, rn = root(a), root(n)
                     if ra is not rn:
                         group[max(ra, rn, key=pos.get)] = min(ra, rn, key=pos.get)
     start = {n: pos[root(n)] for n in nodes}
-    waiting = {n: len(set(n.all_input_nodes)) for n in nodes}
+    waiting = {n: len({a for a in n.all_input_nodes if a in pos}) for n in nodes}
     ready = [(start[n], pos[n], n) for n in nodes if waiting[n] == 0]
     heapq.heapify(ready)
     order = []
@@ -101,9 +113,10 @@ def inductor_order(graph: fx.Graph, recomputed: frozenset[str]) -> list[fx.Node]
         _, _, n = heapq.heappop(ready)
         order.append(n)
         for u in n.users:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, (start[u], pos[u], u))
+            if u in pos:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    heapq.heappush(ready, (start[u], pos[u], u))
     return order
 
 
@@ -411,7 +424,7 @@ class PredictedPartition:
 
 def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs: int,
                       param_indices: Sequence[int], device: DeviceSpec, optimizer: str,
-                      hints: dict) -> PredictedPartition:
+                      hints: dict, fused: bool = False) -> PredictedPartition:
     """The step's peak under the partition torch's default partitioner makes when the forward nodes in
     `keep` are tagged MUST_SAVE (True) or MUST_RECOMPUTE (False), without running it (it copies and
     recompiles the whole graph: seconds on a 24-layer model, for every candidate plan). The model:
@@ -422,7 +435,9 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
     - the backward runs its nodes in graph order from the first one that reads a tangent, each preceded
       by the recomputed nodes it needs and has not run yet, in graph order (torch's
       reordering_to_mimic_autograd_engine).
-    The same liveness simulation as simulate_step then runs at the example sizes (`hints`).
+    The same liveness simulation as simulate_step then runs at the example sizes (`hints`); with `fused`
+    (Inductor's code), as simulate_step's: each graph's `fused_away` intermediates take no memory, and
+    the backward runs recomputed memory-bound groups in `inductor_order`.
     planner.Planner checks the prediction against the real partition of the plan it chooses."""
     nodes = list(joint.nodes)
     order = {n: i for i, n in enumerate(nodes)}
@@ -494,11 +509,25 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
         for g in grads:                 # gradients computed before the first tangent read
             if isinstance(g, fx.Node):
                 insert(g)
+    fw_virtual: set[fx.Node] = set()
+    bw_virtual: set[fx.Node] = set()
+    if fused:
+        fw_virtual = fused_away_of(fw_run, set(fw_outputs + saved_list))
+        bw_run = inductor_order_of(bw_run, frozenset(n.name for n in recomputed))
+        members = set(bw_run)
+        # as _Sim.run: a recomputed op read by several kernels is materialized
+        bw_virtual = {n for n in fused_away_of(bw_run, {g for g in grads if isinstance(g, fx.Node)})
+                      if n not in recomputed or sum(1 for u in n.users if u in members) == 1}
+
+    def run_fw(s: "_PeakSim", env: dict) -> list[list[int]]:
+        s.virtual = fw_virtual
+        return s.run_nodes(fw_run, primals, fw_outputs + saved_list, "fwd", env, True)
+
+    def run_bw(s: "_PeakSim", env: dict) -> list[list[int]]:
+        s.virtual = bw_virtual
+        return s.run_nodes(bw_run, saved_list + tangents, grads, "bwd", env, False)
     sim = _PeakSim(device, hints)
-    split = _Split(primals, fw_outputs + saved_list,
-                   lambda s, env: s.run_nodes(fw_run, primals, fw_outputs + saved_list, "fwd", env, True),
-                   saved_list + tangents, grads,
-                   lambda s, env: s.run_nodes(bw_run, saved_list + tangents, grads, "bwd", env, False))
+    split = _Split(primals, fw_outputs + saved_list, run_fw, saved_list + tangents, grads, run_bw)
     _, saved_sids = _run_step(sim, split, param_indices=param_indices, num_fwd_outputs=num_fwd_outputs,
                               device=device, optimizer=optimizer)
     return PredictedPartition(sim.peak, sim.peak_at, sum(sim.size[s] for _, s in saved_sids),
