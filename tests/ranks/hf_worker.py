@@ -3,7 +3,8 @@ every rank, each rank feeding its own micro-batch, against eager single-process 
 batch (computed on every rank). Each run is NAME@MESH (MESH as COLAUTO_MESH, "auto" for the planner's
 choice); options after it: +late (the optimizer is created after the first call), +inductor (codegen
 inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +ckpt
-(a torch.distributed.checkpoint round trip after training). Writes rank<r>.json with per run the losses,
+(a torch.distributed.checkpoint round trip after training), +tight (a memory budget of 1.3 MB per rank,
+which the sharded plan fits but the whole model's parameters, gradients and AdamW state do not). Writes rank<r>.json with per run the losses,
 the reference losses, a checksum of the trained parameters, and the error if it failed.
 
     torchrun --nproc-per-node 2 tests/ranks/hf_worker.py --out /tmp/r llama@dp=2 t5@fsdp=2
@@ -61,6 +62,8 @@ def run(spec: str, args) -> dict:
     full = batch(args.batch * world, seq)
     local = {k: v.chunk(world)[rank] for k, v in full.items()}
     options = {"mesh": mesh, "codegen": "inductor" if "inductor" in flags else "aten"}
+    if "tight" in flags:
+        options["memory_budget"] = "1.3MB"
     compiled = torch.compile(Renamed(model) if "renamed" in flags else model, backend="colauto", options=options)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = None if "late" in flags else torch.optim.AdamW(model.parameters(), lr=1e-3)
