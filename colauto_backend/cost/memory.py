@@ -62,7 +62,7 @@ def fused_away_of(nodes: list[fx.Node], returned: set) -> set[fx.Node]:
     """`fused_away` for the graph that runs `nodes` and returns `returned` (a modeled partition's forward
     or backward, as nodes of the joint graph): only users among `nodes` are its consumers."""
     members = set(nodes)
-    kind = {n: classify(n.target, bool(tensors_in(n.meta.get("val")))) for n in nodes}
+    kind = {n: _kind(n) for n in nodes}
     needed: dict[fx.Node, bool] = {}
     for n in reversed(nodes):
         users = [u for u in n.users if u in members]
@@ -94,8 +94,7 @@ def inductor_order_of(nodes: list[fx.Node], recomputed: frozenset[str]) -> list[
         return n
 
     def fusible(n) -> bool:
-        return n.op == "call_function" and n.name in recomputed and \
-            classify(n.target, bool(tensors_in(n.meta.get("val")))) in ("memory", "view")
+        return n.op == "call_function" and n.name in recomputed and _kind(n) in ("memory", "view")
 
     for n in nodes:
         if fusible(n):
@@ -247,6 +246,16 @@ class _Sim:
 
 
 _STORAGE: "weakref.WeakKeyDictionary[fx.Node, tuple[bool, list[Expr]]]" = weakref.WeakKeyDictionary()
+_KINDS: "weakref.WeakKeyDictionary[fx.Node, str]" = weakref.WeakKeyDictionary()
+
+
+def _kind(n: fx.Node) -> str:
+    """flops.classify of a call node, once per node (predict_partition asks for the same joint graph's
+    nodes once per candidate plan); a cache, not a way to observe results."""
+    got = _KINDS.get(n)
+    if got is None:
+        got = _KINDS[n] = classify(n.target, bool(tensors_in(n.meta.get("val"))))
+    return got
 
 
 def _node_storage(n: fx.Node) -> tuple[bool, list[Expr]]:
