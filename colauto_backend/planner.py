@@ -85,7 +85,8 @@ class Plan:
     frontier_points: int = 0
     simulated_plans: int = 0
     partitions_run: int = 0               # candidate partitions this plan ran (the others were reused)
-    modeled_plans: int = 0                # candidates whose partition was modeled, not run
+    modeled_plans: int = 0                # candidates whose partition was modeled, not run (their peaks
+                                          # replayed in order of modeled time, until the choice is made)
     peak_modeled_bytes: int = 0           # the model's peak for the chosen plan (0: not modeled)
     partition_checked: bool = True        # peak_with_bytes is the real partition's (explain: the model's)
     model_misses: int = 0                 # chosen by the model, rejected by their real partition
@@ -139,6 +140,7 @@ class Planner:
         self._candidates: _Candidates | None = None
         self._simulated: dict[tuple, tuple[dict, tuple, Analysis]] = {}
         self._modeled: dict[tuple, tuple[dict, Analysis]] = {}
+        self._times: dict[tuple, float] = {}        # modeled step time of each candidate (modeled_time)
         self._ratios: list[float] = []      # real / modeled peak of each modeled candidate partitioned
         self._again = {c.name: float(t) for c, t in zip(baseline.costs.nodes, self.base["_recompute_times"])}
         # forward nodes backward reads, through views, and the view nodes' names (_least_time)
@@ -196,65 +198,64 @@ class Planner:
     def _plan_modeled(self, budget: int | None, limit: float, cands: "_Candidates", partition: bool,
                       start: float, seen: int) -> tuple[Plan, tuple | None, Analysis, tuple]:
         """Choose among modeled candidates; with `partition`, confirm the choice on its real partition.
-        The candidates the model cannot describe (`cands.searched`) are searched on real partitions, and
-        the faster of the two choices is the plan."""
+        A candidate's modeled step time needs only which nodes its partition recomputes (cheap,
+        `modeled_time`); its modeled peak needs the liveness replay, so peaks are modeled in order of
+        time, only until the choice is made. The candidates the model cannot describe (`cands.searched`)
+        are searched on real partitions, and the faster of the two choices is the plan."""
         searched = set(cands.searched)
-        modeled = {keep: self.modeled(keep) for keep in cands.decisions if keep not in searched}
         # fastest first; sorted() is stable, so equal times keep the candidates' order (fastest point first)
-        fits = sorted((keep for keep, (ev, _) in modeled.items() if ev["peak_memory_bytes"] <= limit),
-                      key=lambda keep: modeled[keep][0]["est_step_time_s"])
+        order = sorted((keep for keep in cands.decisions if keep not in searched), key=self.modeled_time)
         misses, chosen = 0, None
-        if fits and not partition and self.exact and fits[0] not in self._simulated:
-            keep = fits[0]       # the model is the partition: described without running it
-            chosen = (keep, modeled[keep][0], None, modeled[keep][1], False)
+        first_fit = next((keep for keep in order if self._peak(keep) <= limit), None) if self.exact else None
+        if first_fit is not None and not partition and first_fit not in self._simulated:
+            ev, analysis = self.modeled(first_fit)   # the model is the partition: described without running it
+            chosen = (first_fit, ev, None, analysis, False)
         else:
-            chosen, misses = self._probe(modeled, limit)
+            chosen, misses = self._probe(order, limit)
         found = self._search(cands.searched, limit, chosen[1]["est_step_time_s"] if chosen else math.inf)
         if found is not None and (chosen is None or found[1]["est_step_time_s"] < chosen[1]["est_step_time_s"]):
             chosen = (*found, True)
         if chosen is None:     # the least peak known, to tell the user (every candidate run included)
             least = [ev for ev, _, _ in self._simulated.values()]
-            least_keep = min(modeled, key=lambda keep: modeled[keep][0]["peak_memory_bytes"], default=None)
+            least_keep = min(order, key=self._peak, default=None)
             if least_keep is not None:
-                least.append(modeled[least_keep][0] if self.exact and not partition else self.partitioned(least_keep)[0])
+                least.append(self.modeled(least_keep)[0] if self.exact and not partition
+                             else self.partitioned(least_keep)[0])
             raise _budget_error(budget, min(least, key=lambda ev: ev["peak_memory_bytes"]))
         keep, ev, graphs, analysis, checked = chosen
         described = _describe(budget, self.base, ev, analysis, len(cands.frontier.memory),
                               len(self._simulated) - seen if checked else 0, cands.quantum, cands.solve_s, start)
-        ev_model = modeled.get(keep, (None,))[0]
+        ev_model = self._modeled.get(keep, (None,))[0]
         return dataclasses.replace(described, partitions_run=len(self._simulated) - seen,
-                                   modeled_plans=len(modeled), model_misses=misses, partition_checked=checked,
+                                   modeled_plans=len(order), model_misses=misses,
+                                   partition_checked=checked,
                                    peak_modeled_bytes=ev_model["peak_memory_bytes"] if ev_model else 0,
                                    ), graphs, analysis, keep
 
-    def _probe(self, modeled: dict[tuple, tuple[dict, Analysis]], limit: float) -> tuple[tuple | None, int]:
-        """The fastest modeled candidate whose real partition fits, in a few real partitions: each probe is
-        the fastest candidate not yet run whose modeled peak, scaled by the median real/modeled ratio of
-        the partitions run so far (1 before any; exact for aten), fits; a candidate already run counts
-        at its real peak. It stops when no candidate faster than the best that fits is left to try, or
-        after MAX_PROBES. (chosen or None, probes that did not fit)."""
-        def time_of(keep: tuple) -> float:
-            return modeled[keep][0]["est_step_time_s"]
-
+    def _probe(self, order: list[tuple], limit: float) -> tuple[tuple | None, int]:
+        """The fastest modeled candidate (`order`: fastest first) whose real partition fits, in a few real
+        partitions: each probe is the fastest candidate not yet run whose modeled peak, scaled by the
+        median real/modeled ratio of the partitions run so far (1 before any; exact for aten), fits; a
+        candidate already run counts at its real peak. It stops when no candidate faster than the best
+        that fits is left to try, or after MAX_PROBES. (chosen or None, probes that did not fit)."""
         def fastest_fit() -> tuple | None:
-            ran = [(keep, *self._simulated[keep], True) for keep in modeled if keep in self._simulated
+            ran = [(keep, *self._simulated[keep], True) for keep in order if keep in self._simulated
                    and self._simulated[keep][0]["peak_memory_bytes"] <= limit]
             return min(ran, key=lambda r: r[1]["est_step_time_s"], default=None)
-        order = sorted(modeled, key=time_of)   # stable: equal times keep the candidates' order
         misses = 0
         for _ in range(MAX_PROBES):
             best, ratios = fastest_fit(), sorted(self._ratios)
             scale = ratios[len(ratios) // 2] if ratios else 1.0
             probe = next((keep for keep in order if keep not in self._simulated
-                          and (best is None or time_of(keep) < time_of(best[0]))
-                          and modeled[keep][0]["peak_memory_bytes"] * scale <= limit), None)
+                          and (best is None or self.modeled_time(keep) < self.modeled_time(best[0]))
+                          and self._peak(keep) * scale <= limit), None)
             if probe is None:
                 break
             ev = self.partitioned(probe)[0]
-            self._ratios.append(ev["peak_memory_bytes"] / modeled[probe][0]["peak_memory_bytes"])
+            self._ratios.append(ev["peak_memory_bytes"] / self._peak(probe))
             misses += ev["peak_memory_bytes"] > limit
         if fastest_fit() is None:    # near the least feasible budget the model's error decides: try the
-            for keep in sorted(modeled, key=lambda k: modeled[k][0]["peak_memory_bytes"])[:MAX_PROBES]:
+            for keep in sorted(order, key=self._peak)[:MAX_PROBES]:
                 if keep not in self._simulated:      # candidates of least modeled peak for real
                     misses += self.partitioned(keep)[0]["peak_memory_bytes"] > limit
                     if fastest_fit() is not None:
@@ -339,6 +340,22 @@ class Planner:
     def candidates(self) -> list[tuple]:
         """Every candidate plan: its tags, one per node the DP decides (what `modeled` and `partitioned` take)."""
         return self._candidate_set().decisions
+
+    def modeled_time(self, keep: tuple) -> float:
+        """The candidate's modeled step time: what its modeled partition recomputes, without the liveness
+        replay (computed once per candidate; `modeled` gives the same time)."""
+        if keep not in self._times:
+            if keep in self._modeled:
+                self._times[keep] = self._modeled[keep][0]["est_step_time_s"]
+            else:
+                names = self._candidate_set().names
+                pred = self.predict({n: k for n, k in zip(names, keep) if k is not None}, replay=False)
+                again = math.fsum(self._again.get(n, 0.0) for n in pred.recomputed)   # a set: any order
+                self._times[keep] = self.base["est_step_time_s"] + again
+        return self._times[keep]
+
+    def _peak(self, keep: tuple) -> int:
+        return self.modeled(keep)[0]["peak_memory_bytes"]
 
     def modeled(self, keep: tuple) -> tuple[dict, Analysis]:
         """The candidate's modeled partition (`predict`), as the numbers plan() reads: evaluate()'s keys

@@ -433,7 +433,7 @@ class PredictedPartition:
 
 def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs: int,
                       param_indices: Sequence[int], device: DeviceSpec, optimizer: str,
-                      hints: dict, fused: bool = False) -> PredictedPartition:
+                      hints: dict, fused: bool = False, replay: bool = True) -> PredictedPartition:
     """The step's peak under the partition torch's default partitioner makes when the forward nodes in
     `keep` are tagged MUST_SAVE (True) or MUST_RECOMPUTE (False), without running it (it copies and
     recompiles the whole graph: seconds on a 24-layer model, for every candidate plan). The model:
@@ -447,7 +447,8 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
     The same liveness simulation as simulate_step then runs at the example sizes (`hints`); with `fused`
     (Inductor's code), as simulate_step's: each graph's `fused_away` intermediates take no memory, and
     the backward runs recomputed memory-bound groups in `inductor_order`.
-    planner.Planner checks the prediction against the real partition of the plan it chooses."""
+    planner.Planner checks the prediction against the real partition of the plan it chooses.
+    replay=False: only what is saved and recomputed (the peak and saved bytes are left 0)."""
     nodes = list(joint.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     out_node = nodes[-1]
@@ -479,6 +480,8 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
         else:
             recomputed.add(a)
             stack.extend(x for x in a.all_input_nodes if x not in in_backward)
+    if not replay:
+        return PredictedPartition(0, "", 0, frozenset(n.name for n in recomputed))
     saved_list = sorted(saved, key=order.get)
     # forward: what the user's outputs and the saved values need
     need: set[fx.Node] = set()
