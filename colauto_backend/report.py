@@ -194,7 +194,8 @@ def _plan_lines(plan: dict | None) -> list[str]:
             candidates += f"; plan cache: {plan['cache']}"
         lines.append(f"recompute adds {plan['recompute_time_s'] * 1e3:.3f} ms ({added:+.1%} est. step time); "
                      f"{plan['frontier_points']} Pareto plans, {candidates}, "
-                     f"solved in {plan['solve_s'] * 1e3:.0f} ms")
+                     f"DP solved in {plan['solve_s'] * 1e3:.0f} ms, planned in {plan['plan_s']:.1f} s "
+                     "(partitions and models included)")
         for layer, ops in plan["recomputed"].items():
             counts: dict[str, int] = {}
             for op in ops:

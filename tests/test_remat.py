@@ -2,6 +2,7 @@
 (checked by MemTracker), monotone in the budget, clear errors."""
 import copy
 import json
+import re
 import sys
 import time
 
@@ -284,6 +285,7 @@ def test_report_shows_the_plan(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "memory budget" in out and "with it" in out and "recomputed in blocks.0" in out
     assert "partitions modeled, the chosen one's real partition checked; 1 real partition run" in out
+    assert re.search(r"DP solved in \d+ ms, planned in \d+\.\d s \(partitions and models included\)", out)
 
 
 @pytest.mark.parametrize("raw, parsed", [("12GiB", ("bytes", 12 * 2**30)), ("12000MB", ("bytes", 12e9)),
