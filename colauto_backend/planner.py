@@ -273,7 +273,6 @@ class Planner:
         far are bisected on real partitions (the slowest first: if it does not fit, none of the run does)."""
         if not ordered:
             return None
-        names = self._candidate_set().names
         forced = [sum(1 for k in keep if k is False) for keep in ordered]
         runs, run = [], [0]
         for i in range(1, len(ordered)):
