@@ -154,8 +154,8 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     timed = sorted(times[args.warmup:])
     median = timed[len(timed) // 2]
     # peak over the whole run (build, first call, warm-up) before the reset above, and over the timed steps
-    peak = torch.tensor([max(whole_peak, torch.cuda.max_memory_allocated()) - leftover if CUDA else 0,
-                         torch.cuda.max_memory_allocated() - leftover if CUDA else 0], device=DEVICE)
+    timed_peak = torch.cuda.max_memory_allocated() if CUDA else leftover
+    peak = torch.tensor([max(whole_peak, timed_peak) - leftover, timed_peak - leftover], device=DEVICE)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     # the ranks' mean of the last loss (DDP and FSDP2 return each rank's own; colauto the mean already)
     last = torch.tensor([float(loss.detach().float().item() if not hasattr(loss, "full_tensor")

@@ -244,8 +244,7 @@ def _from_hf_zoo(hf_zoo, name: str, size: str, batch: int, seq: int, dtype: str,
     if name not in hf_zoo.SPECS:
         raise ModelError(f"--model {spec}: unknown examples/hf_zoo.py model {name!r}: use hf:NAME with NAME one of "
                          f"{', '.join(hf_zoo.NAMES)}")
-    sizes = (hf_zoo.sizes_of(name) if hasattr(hf_zoo, "sizes_of")
-             else ("tiny",) + (("bench",) if hf_zoo.SPECS[name].bench is not None else ()))
+    sizes = hf_zoo.sizes_of(name)
     if size not in sizes:
         raise ModelError(f"--model {spec}: hf_zoo model {name!r} has no size {size!r}: use {' or '.join(sizes)}")
     config = hf_zoo.config_of(name, size)

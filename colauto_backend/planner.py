@@ -239,9 +239,8 @@ class Planner:
         candidate already run counts at its real peak. It stops when no candidate faster than the best
         that fits is left to try, or after MAX_PROBES. (chosen or None, probes that did not fit)."""
         def fastest_fit() -> tuple | None:
-            ran = [(keep, *self._simulated[keep], True) for keep in order if keep in self._simulated
-                   and self._simulated[keep][0]["peak_memory_bytes"] <= limit]
-            return min(ran, key=lambda r: r[1]["est_step_time_s"], default=None)
+            found = self._fastest_partitioned(order, limit)
+            return None if found is None else (*found, True)
         misses = 0
         for _ in range(MAX_PROBES):
             best, ratios = fastest_fit(), sorted(self._ratios)
@@ -286,12 +285,8 @@ class Planner:
         def fits(i: int) -> bool:
             return self.partitioned(ordered[i])[0]["peak_memory_bytes"] <= limit
 
-        def best() -> tuple | None:
-            ran = [(keep, *self._simulated[keep]) for keep in ordered if keep in self._simulated
-                   and self._simulated[keep][0]["peak_memory_bytes"] <= limit]
-            return min(ran, key=lambda r: r[1]["est_step_time_s"], default=None)
         for run in runs:
-            found = best()
+            found = self._fastest_partitioned(ordered, limit)
             beat = min(bound, found[1]["est_step_time_s"]) if found is not None else bound
             # a candidate that forces no recomputation is min-cut's own partition with some values
             # pinned: no smaller than the unplanned one, which did not fit
@@ -305,7 +300,14 @@ class Planner:
                     hi = mid
                 else:
                     lo = mid + 1
-        return best()
+        return self._fastest_partitioned(ordered, limit)
+
+    def _fastest_partitioned(self, keeps: list[tuple], limit: float) -> tuple[tuple, dict, tuple, Analysis] | None:
+        """The fastest of `keeps` already partitioned whose real peak fits: (tags, evaluation, graphs,
+        analysis), or None."""
+        ran = [(keep, *self._simulated[keep]) for keep in keeps if keep in self._simulated
+               and self._simulated[keep][0]["peak_memory_bytes"] <= limit]
+        return min(ran, key=lambda r: r[1]["est_step_time_s"], default=None)
 
     def _least_time(self, keep: tuple) -> float:
         """A lower bound of the candidate's step time: the unplanned step plus the nodes it tags for

@@ -58,9 +58,11 @@ def fused_away(graph: fx.Graph) -> set[fx.Node]:
     return fused_away_of(nodes, set(list(graph.nodes)[-1].all_input_nodes))
 
 
-def fused_away_of(nodes: list[fx.Node], returned: set) -> set[fx.Node]:
+def fused_away_of(nodes: list[fx.Node], returned: set, recomputed: frozenset[str] = frozenset()) -> set[fx.Node]:
     """`fused_away` for the graph that runs `nodes` and returns `returned` (a modeled partition's forward
-    or backward, as nodes of the joint graph): only users among `nodes` are its consumers."""
+    or backward, as nodes of the joint graph): only users among `nodes` are its consumers. A node named
+    in `recomputed` (a backward's rerun of a forward op) read by several kernels is materialized: its
+    group's kernel writes it."""
     members = set(nodes)
     kind = {n: _kind(n) for n in nodes}
     needed: dict[fx.Node, bool] = {}
@@ -68,9 +70,10 @@ def fused_away_of(nodes: list[fx.Node], returned: set) -> set[fx.Node]:
         users = [u for u in n.users if u in members]
         needed[n] = n in returned or any(
             kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u]) for u in users)
-    return {n for n in nodes if kind[n] == "memory" and not needed[n]
-            and sum(1 for u in n.users if u in members) <= REALIZE_READS
-            and not isinstance(n.meta.get("val"), (tuple, list))}
+    readers = {n: sum(1 for u in n.users if u in members) for n in nodes}
+    return {n for n in nodes if kind[n] == "memory" and not needed[n] and readers[n] <= REALIZE_READS
+            and not isinstance(n.meta.get("val"), (tuple, list))
+            and (n.name not in recomputed or readers[n] == 1)}
 
 
 def inductor_order(graph: fx.Graph, recomputed: frozenset[str]) -> list[fx.Node]:
@@ -170,8 +173,8 @@ class _Sim:
         """Simulate one graph. env: placeholder name -> storages (given by the caller, already referenced
         once per placeholder). Returns the storages of each graph output, each referenced once more."""
         nodes = inductor_order(graph, recomputed) if self.fused else list(graph.nodes)
-        # a recomputed op read by several kernels is materialized: its group's kernel writes it
-        self.virtual = ({n for n in fused_away(graph) if n.name not in recomputed or len(n.users) == 1}
+        self.virtual = (fused_away_of([n for n in graph.nodes if n.op == "call_function"],
+                                      set(list(graph.nodes)[-1].all_input_nodes), recomputed)
                         if self.fused else set())
         self.fused_names.update(n.name for n in self.virtual)
         return self.run_nodes([n for n in nodes if n.op not in ("placeholder", "output")],
@@ -525,11 +528,9 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
     bw_virtual: set[fx.Node] = set()
     if fused:
         fw_virtual = fused_away_of(fw_run, set(fw_outputs + saved_list))
-        bw_run = inductor_order_of(bw_run, frozenset(n.name for n in recomputed))
-        members = set(bw_run)
-        # as _Sim.run: a recomputed op read by several kernels is materialized
-        bw_virtual = {n for n in fused_away_of(bw_run, {g for g in grads if isinstance(g, fx.Node)})
-                      if n not in recomputed or sum(1 for u in n.users if u in members) == 1}
+        again = frozenset(n.name for n in recomputed)
+        bw_run = inductor_order_of(bw_run, again)
+        bw_virtual = fused_away_of(bw_run, {g for g in grads if isinstance(g, fx.Node)}, again)
 
     def run_fw(s: "_PeakSim", env: dict) -> list[list[int]]:
         s.virtual = fw_virtual
