@@ -1,8 +1,14 @@
+import json
 import os
 import sys
 
-import pytest
-import torch
+# Inductor's CPU kernels are compiled as scalar C++ (no SIMD intrinsics): the same kernels, about half
+# the g++ time, which is most of a codegen=inductor test on CPU. Set before torch is imported, so the
+# torchrun ranks and subprocesses the tests start inherit it. (GPU hosts: no effect on Triton kernels.)
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     # generated Triton kernels run in Triton's interpreter here; it must be on before anything imports triton
@@ -30,16 +36,14 @@ from strict_deps import (pytest_addoption, pytest_make_collect_report, pytest_ru
                          pytest_runtest_makereport, pytest_sessionfinish)
 
 
-# Longest first: under `-n` (pytest-xdist hands tests to workers in collection order) a long test left for
-# last runs alone on one core while the other idles. The multi-process launches take 1-2 minutes each.
-SLOW_FIRST = ("test_dist.py", "test_parallel_data.py", "test_hf_models.py", "test_remat.py", "test_explain_cli.py")
+# Longest first: under `-n` a long test left for last runs alone on one core while the other idles.
+# tests/durations.json holds each test's seconds from a full run (`python tests/durations.py JUNIT_XML`
+# rewrites it); a test it does not list (new, or under 3 s) counts as 1 s. Only the order depends on it.
+DURATIONS = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")))
 
 
 def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        name = item.path.name
-        return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
-    items.sort(key=rank)      # stable: file order within each module
+    items.sort(key=lambda item: -DURATIONS.get(item.nodeid, 1.0))   # stable: file order among equals
 
 
 @pytest.fixture(autouse=True)

@@ -74,60 +74,47 @@ def test_resnet_max_pool_under_inductor_codegen_equals_eager():
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-4000:]
 
 
-def test_user_outputs_keep_their_strides_as_under_torch_compile(monkeypatch):
-    """Inductor keeps the eager strides of the outputs a user sees (a graph's logits, the gradients) only
-    for the outputs its caller marks. colauto compiles its partitioned graphs with compile_fx_inner, and
-    left them unmarked: on an H200 GPT-2 large's logits came back padded to a 50304-wide row and the
-    loss graph's copy of them raised the step's peak by 0.77 GiB over torch.compile's. Reference:
-    torch.compile's own Inductor path; each graph it lowers marks the same outputs with the same
-    strides when colauto compiles the same model (GPT-2 with its graph break)."""
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_default_without_a_budget_generates_inductors_own_code(name, monkeypatch):
+    """Without a budget colauto's plan is Inductor's min-cut partition, and colauto hands Inductor the graphs
+    torch.compile would: the code Inductor generates for a training step (forward and backward of every
+    graph; GPT-2 has a graph break, so 4) is the same text as plain torch.compile's, but for the AOT ids
+    and cache paths. So on a GPU the two differ only by launch-to-launch noise.
+
+    The same compiles check the outputs' strides. Inductor keeps the eager strides of the outputs a user
+    sees (a graph's logits, the gradients) only for the outputs its caller marks. colauto compiles its
+    partitioned graphs with compile_fx_inner, and left them unmarked: on an H200 GPT-2 large's logits came
+    back padded to a 50304-wide row and the loss graph's copy of them raised the step's peak by 0.77 GiB
+    over torch.compile's. Each graph colauto lowers marks the same outputs with the same strides as
+    torch.compile's own Inductor path."""
+    import re
+
     import torch._inductor.graph as inductor_graph
-    from torch._inductor.utils import fresh_inductor_cache
-    seen: list = []
+    from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
+    marked: list = []
     original = inductor_graph.get_user_visible_output_strides
 
     def record(graph):
         strides = original(graph)
-        seen.append(sorted((tuple(s) for s in strides.values()), key=str))
+        marked.append(sorted((tuple(s) for s in strides.values()), key=str))
         return strides
     monkeypatch.setattr(inductor_graph, "get_user_visible_output_strides", record)
-    model, batch = build_hf("gpt2")
-    kw = batch(2, 16)
-
-    def marks(compiled):
-        seen.clear()
-        torch._dynamo.reset()
-        # A fresh, empty cache directory: every graph is lowered (no FX-graph cache hit skips it). Not
-        # torch.compiler.config.force_disable_caches: set from a test, it outlived the test under xdist
-        # on torch 2.13 and hid the option from later tests' Inductor compiles.
-        with fresh_inductor_cache():
-            compiled(**kw).loss.backward()
-        model.zero_grad(set_to_none=True)
-        return sorted(seen, key=str)
-    ref = marks(torch.compile(model))
-    got = marks(torch.compile(model, backend="colauto", options=OPTIONS))
-    assert len(ref) >= 2 and any(ref), ref    # forward and backward graphs, some outputs marked
-    assert got == ref
-
-
-@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
-def test_default_without_a_budget_generates_inductors_own_code(name):
-    """Without a budget colauto's plan is Inductor's min-cut partition, and colauto hands Inductor the graphs
-    torch.compile would: the code Inductor generates for a training step (forward and backward of every
-    graph; GPT-2 has a graph break, so 4) is the same text as plain torch.compile's, but for the AOT ids
-    and cache paths. So on a GPU the two differ only by launch-to-launch noise."""
-    import re
-    from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
 
     def generated(backend_options):
         model, batch = build_hf(name)
         kw = batch(2, 16)
         torch._dynamo.reset()
+        marked.clear()
         compiled = (torch.compile(model) if backend_options is None
                     else torch.compile(model, backend="colauto", options=backend_options))
+        # a fresh, empty cache directory: every graph is lowered (no FX-graph cache hit skips it). Not
+        # torch.compiler.config.force_disable_caches: set from a test, it outlived the test under xdist
+        # on torch 2.13 and hid the option from later tests' Inductor compiles.
         with fresh_inductor_cache():
             _, sources = run_and_get_code(lambda: compiled(**kw).loss.backward())
-        return [re.sub(r"# AOT ID: .*|/tmp/\S+|\b[a-z0-9]{52}\b", "", s) for s in sources]
-    ours, inductor = generated(OPTIONS), generated(None)
+        return [re.sub(r"# AOT ID: .*|/tmp/\S+|\b[a-z0-9]{52}\b", "", s) for s in sources], sorted(marked, key=str)
+    (ours, our_marks), (inductor, inductor_marks) = generated(OPTIONS), generated(None)
     assert len(ours) == len(inductor) == (4 if name == "gpt2" else 2)
     assert ours == inductor
+    assert len(inductor_marks) >= 2 and any(inductor_marks), inductor_marks   # outputs marked in each graph
+    assert our_marks == inductor_marks
