@@ -143,6 +143,21 @@ def graph_breaks() -> list[str]:
     return [reason.strip().splitlines()[0] for reason in counters]
 
 
+_BUDGET_BREAKS_SEEN: set[str] = set()
+
+
+def warn_unshared_budget() -> None:
+    """Under a memory budget, a graph break Dynamo recorded since colauto's last compile (this step is being
+    split) is a warning, report or not: each graph is planned under the whole budget, so the step's graphs
+    together can peak above it (seen: HF OPT, 23.86 GiB under a 19.1 GiB budget)."""
+    new = [b for b in graph_breaks() if b not in _BUDGET_BREAKS_SEEN]
+    _BUDGET_BREAKS_SEEN.update(new)
+    if new:
+        warn_once(f"colauto: Dynamo split the step into several graphs at a graph break ({'; '.join(new)}): "
+                  "each graph is planned under the whole memory budget, so the step's peak can exceed it; "
+                  "remove the graph break (torch._dynamo.explain(model)(...) shows where) or lower the budget")
+
+
 def emit(analysis: "Analysis", setting: str | None, owner: Any = None) -> None:
     """Print (setting "1") or write JSON (setting = path) on rank 0; nothing when off. A table this
     process already printed for this model (`owner`: its first parameter; the same graph compiled again,
