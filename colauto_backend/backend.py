@@ -92,8 +92,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         def publish(analysis: Analysis) -> None:
             ANALYSES.append(analysis)
             report.emit(analysis, config.report, owner)
-            if config.memory_budget is not None and config.memory_budget[0] != "none":
-                report.warn_unshared_budget()
+            report.warn_unshared_budget(config.memory_budget is not None and config.memory_budget[0] != "none")
             if on_analysis is not None:
                 on_analysis(analysis)
 

@@ -146,13 +146,14 @@ def graph_breaks() -> list[str]:
 _BUDGET_BREAKS_SEEN: set[str] = set()
 
 
-def warn_unshared_budget() -> None:
-    """Under a memory budget, a graph break Dynamo recorded since colauto's last compile (this step is being
-    split) is a warning, report or not: each graph is planned under the whole budget, so the step's graphs
-    together can peak above it (seen: HF OPT, 23.86 GiB under a 19.1 GiB budget)."""
+def warn_unshared_budget(budgeted: bool) -> None:
+    """Called at each compiled graph. Under a memory budget (`budgeted`), a graph break Dynamo recorded
+    since colauto's last compile (this step is being split) is a warning, report or not: each graph is
+    planned under the whole budget, so the step's graphs together can peak above it (seen: HF OPT, 23.86
+    GiB under a 19.1 GiB budget). A break seen at an unbudgeted compile is not named at a later one."""
     new = [b for b in graph_breaks() if b not in _BUDGET_BREAKS_SEEN]
     _BUDGET_BREAKS_SEEN.update(new)
-    if new:
+    if new and budgeted:
         warn_once(f"colauto: Dynamo split the step into several graphs at a graph break ({'; '.join(new)}): "
                   "each graph is planned under the whole memory budget, so the step's peak can exceed it; "
                   "remove the graph break (torch._dynamo.explain(model)(...) shows where) or lower the budget")

@@ -135,3 +135,14 @@ def test_a_graph_break_under_a_budget_is_a_warning(monkeypatch):
     assert warned("gpt2", {})[0] == []                 # no budget: nothing to exceed
     got, graphs = warned("llama", budget)
     assert graphs == 1 and got == [], (graphs, got)
+    # GPT-2's break, seen at an unbudgeted compile, is not blamed on Llama compiled next under a budget
+    monkeypatch.setattr(report, "_BUDGET_BREAKS_SEEN", set())
+    torch._dynamo.reset()
+    model, batch = build_hf("gpt2")
+    torch.compile(model, backend="colauto")(**batch(2, 16)).loss.backward()
+    torch._dynamo.reset()
+    model, batch = build_hf("llama")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.compile(model, backend="colauto", options=budget)(**batch(2, 16)).loss.backward()
+    assert not [w for w in seen if "planned under the whole memory budget" in str(w.message)]
