@@ -123,6 +123,18 @@ def inductor_decompositions() -> dict:
     return table
 
 
+def decomposed_for_inductor(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """`gm` re-traced through Inductor's decomposition table, at its placeholders' example values (fake
+    tensors and their symbolic sizes). A graph partitioned without that table (codegen triton) holds ops
+    that Inductor lowers only decomposed (aten.arange.default, the loss and norm backwards); custom ops
+    (colauto's generated kernels) stay single calls, which Inductor runs as fallback kernels."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    with detect_fake_mode(examples):
+        return make_fx(torch.fx.Interpreter(gm).run, decomposition_table=inductor_decompositions())(*examples)
+
+
 def _importing_lowering(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def run(*args, **kwargs):
@@ -238,19 +250,6 @@ def shape_env_of(graph: torch.fx.Graph):
         if isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
             return val.fake_mode.shape_env
     return None
-
-
-def real_tensor(data, device: torch.device, shape: list[int]) -> torch.Tensor:
-    """A real tensor made while the backend compiles, which happens under a fake mode."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    with unset_fake_temporarily():
-        return torch.tensor(data, device=device).view(shape)
-
-
-def fake_constant(val: torch.Tensor, constant: torch.Tensor) -> torch.Tensor:
-    """`constant` as a fake tensor of the fake mode that `val` belongs to (an example value for a node
-    that a pass adds)."""
-    return val.fake_mode.from_tensor(constant)
 
 
 def symbol_hints(shape_env) -> dict[sympy.Symbol, int]:

@@ -27,6 +27,8 @@ from .parallel import entry as parallel_entry
 ANALYSES: collections.deque[Analysis] = counters.records("analyses")
 # graphs whose compiled step came from torch's AOTAutograd cache (planned in an earlier launch), by codegen
 CACHE_HITS = counters.counter("compile cache hits")
+# codegen triton: graphs whose rest (what the generated kernels leave) Inductor compiled, by kind
+REST_BY_INDUCTOR = counters.counter("triton graphs with Inductor for the rest")
 
 
 def colauto(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
@@ -80,12 +82,14 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         config = cfg.resolve_codegen(unresolved, example_inputs)
         owner = next((t for t in example_inputs if isinstance(t, torch.nn.Parameter)), None)  # stands for the model
         device = resolve(config.device, next((t for t in example_inputs if isinstance(t, torch.Tensor)), None))
+        # the memory model of Inductor's fusion: Inductor codegen, and triton where Inductor compiles the rest
+        inductor_fuses = config.codegen == "inductor" or (config.codegen == "triton" and rest_by_inductor(example_inputs))
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
             analysis = analyze(joint, fw, bw, num_fwd_outputs=num_fwd_outputs, param_indices=params,
                                device=device, optimizer=config.optimizer, sources=compat.symbol_sources(env),
-                               hints=compat.symbol_hints(env), fused=config.codegen == "inductor")
+                               hints=compat.symbol_hints(env), fused=inductor_fuses)
             auto = " (auto)" if unresolved.codegen == "auto" else ""
             return dataclasses.replace(analysis, codegen=config.codegen + auto)
 
@@ -171,6 +175,15 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
     return backend
 
 
+def rest_by_inductor(inputs: list) -> bool:
+    """Under codegen triton, whether Inductor compiles what colauto's generated kernels leave: where
+    Inductor emits Triton (CUDA), so its generated wrapper launches every kernel, colauto's among them,
+    and the step needs no CUDA graph to run without Python op dispatch between kernels (run op by op, the
+    rest left HF models' steps host-bound: 0.46-0.94x Inductor's). On CPU, where Triton kernels run in its
+    interpreter, the rest runs as aten ops: Inductor's C++ would only add compile time."""
+    return any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inputs)
+
+
 def _codegen(config: cfg.Config, user_outputs: int) -> Callable:
     """The compiler for one Dynamo graph's forward, backward and inference graphs; `user_outputs`: how
     many outputs the Dynamo graph has (Inductor keeps their strides as eager's)."""
@@ -179,16 +192,23 @@ def _codegen(config: cfg.Config, user_outputs: int) -> Callable:
     def run(gm, inputs, *, is_backward, is_inference=False):
         # whether the graph can be recorded, read once, before any code generation rewrites `gm`
         reason = recorder.reason(gm, inputs, is_backward=is_backward) if recorder is not None else None
-        if config.codegen == "inductor":
+        inductor = config.codegen == "inductor"
+        if config.codegen == "triton":
+            from . import fusion   # local import: needs triton_kernels only when asked for
+            inductor = rest_by_inductor(inputs)
+            # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time (and
+            # where Inductor compiles the rest, it fuses the lone ops itself)
+            done = fusion.fuse(gm, lone_ops=not inductor and recorder is not None and reason is None)
+            kind = "inference" if is_inference else "backward" if is_backward else "forward"
+            report.emit_fusion(dataclasses.asdict(done) | {"graph": kind, "rest": "inductor" if inductor else "aten"},
+                               config.report)
+            if inductor:
+                gm = compat.decomposed_for_inductor(gm)
+                REST_BY_INDUCTOR[kind] += 1
+        if inductor:
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
                                           num_user_outputs=user_outputs)
         else:
-            if config.codegen == "triton":
-                from . import fusion   # local import: needs triton_kernels only when asked for
-                # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time
-                done = fusion.fuse(gm, lone_ops=recorder is not None and reason is None)
-                kind = "inference" if is_inference else "backward" if is_backward else "forward"
-                report.emit_fusion(dataclasses.asdict(done) | {"graph": kind}, config.report)
             fn = compat.run_as_aten(gm, inputs)
         if recorder is None:
             return fn

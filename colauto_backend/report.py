@@ -385,7 +385,8 @@ def render_fusion(data: dict) -> str:
     return (f"colauto triton fusion ({data['graph']}): {data['regions']} regions, {data['ops']} aten ops in "
             f"{len(set(data['kernels']))} kernels, predicted {fmt_bytes(data['bytes_saved'])} of intermediates "
             "not written to memory" + (f"; {data['rotations']} RoPE half-rotation cats made pointwise"
-                                       if data.get("rotations") else ""))
+                                       if data.get("rotations") else "")
+            + ("; the rest compiled by Inductor" if data.get("rest") == "inductor" else "; the rest runs as aten ops"))
 
 
 def emit_fusion(data: dict, setting: str | None) -> None:

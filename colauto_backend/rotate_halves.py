@@ -20,7 +20,6 @@ import operator
 import torch
 import torch.fx as fx
 
-from . import _torch_compat as compat
 from .fusion_prep import call
 
 aten = torch.ops.aten
@@ -104,15 +103,14 @@ def _match(cat: fx.Node):
     return x, xdim, [(k, negated) for _, _, k, negated in pieces]
 
 
-def _first_half_mask(gm: fx.GraphModule, val: torch.Tensor, trailing: int) -> fx.Node:
-    """A get_attr of the constant [[True], [False]] (shape [2] + [1] * trailing) on val's device."""
-    name = f"_colauto_first_half_{val.device.type}{val.device.index or 0}_{trailing}"
-    if not hasattr(gm, name):
-        mask = compat.real_tensor([True, False], val.device, [2] + [1] * trailing)
-        gm.register_buffer(name, mask, persistent=False)
-    node = gm.graph.get_attr(name)
-    node.meta["val"] = compat.fake_constant(val, getattr(gm, name))
-    return node
+def _first_half_mask(graph: fx.Graph, val: torch.Tensor, trailing: int) -> fx.Node:
+    """[[True], [False]] (shape [2] + [1] * trailing) on val's device, computed in the graph (arange < 1)
+    rather than held as a constant: Inductor, which compiles what the generated kernels leave, cannot
+    pass a constant tensor to a custom op."""
+    with val.fake_mode:    # example values of ops with no tensor argument
+        index = call(graph, aten.arange.default, 2, device=val.device)
+        first = call(graph, aten.lt.Scalar, index, 1)
+        return call(graph, aten.view.default, first, [2] + [1] * trailing)
 
 
 def _replace(gm: fx.GraphModule, cat: fx.Node, x: fx.Node, dim: int, pieces) -> None:
@@ -122,7 +120,7 @@ def _replace(gm: fx.GraphModule, cat: fx.Node, x: fx.Node, dim: int, pieces) -> 
         split = call(graph, aten.view.default, x, shape[:dim] + [2, shape[dim] // 2] + shape[dim + 1:])
         halves = [call(graph, aten.slice.Tensor, split, dim, k, k + 1) for k in (0, 1)]
         chosen = [call(graph, aten.neg.default, halves[k]) if negated else halves[k] for k, negated in pieces]
-        first = _first_half_mask(gm, val, len(shape) - dim)
+        first = _first_half_mask(graph, val, len(shape) - dim)
         picked = call(graph, aten.where.self, first, *chosen)
         out = call(graph, aten.view.default, picked, shape)
     cat.replace_all_uses_with(out)

@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("triton", reason="triton is not importable: COLAUTO_CODEGEN=triton has nothing to run")
 pytest.importorskip("transformers")
 
+from colauto_backend import backend as backend_mod  # noqa: E402
 from colauto_backend import fusion, fusion_prep  # noqa: E402
 from colauto_backend.backend import ANALYSES  # noqa: E402
 from colauto_backend.cost.poly import Basis, UnknownSizeError  # noqa: E402
@@ -149,3 +150,33 @@ def test_fused_ops_never_return_aliases(name, fused_graphs):
             ptr = out.untyped_storage().data_ptr()
             assert ptr not in storages, f"{call.target}: output {k} aliases {storages[ptr]}"
             storages[ptr] = f"output {k}"
+
+
+@pytest.mark.parametrize("name, variant", [("llama", "budget"), ("gpt2", "static"), ("t5", "static"),
+                                           ("qwen2_moe", "static"), ("vit", "static"), ("qwen2", "dynamic")])
+def test_inductor_compiles_what_the_kernels_leave(name, variant, monkeypatch):
+    """Where Inductor emits Triton (CUDA), it compiles each graph's rest around colauto's kernels
+    (backend.rest_by_inductor): the graph is re-traced through Inductor's decompositions and the kernels
+    stay custom-op calls. Forced here on CPU (the rest as Inductor's C++): training equals eager, with
+    colauto's kernels in the graphs and Inductor compiling every graph, under a budget that recomputes,
+    with a graph break (GPT-2), encoder-decoder, data-dependent routing, vision, and dynamic shapes."""
+    monkeypatch.setattr(backend_mod, "rest_by_inductor", lambda inputs: True)
+    fused = []
+    real_fuse = fusion.fuse
+    monkeypatch.setattr(fusion, "fuse", lambda gm, **kw: fused.append(real_fuse(gm, **kw)) or fused[-1])
+    model, ref, kw = _models(name, 2, 32)
+    options = {"codegen": "triton"}
+    if variant == "budget":
+        options["memory_budget"] = _budget(model, kw, 0.8, monkeypatch)
+        fused.clear()
+    backend_mod.REST_BY_INDUCTOR.clear()
+    compiled = torch.compile(model, backend="colauto", options=options, dynamic=variant == "dynamic" or None)
+    _assert_matches(model, ref, kw, compiled)
+    assert sum(f.regions for f in fused) > 0 and all(f.unavailable is None for f in fused)
+    assert backend_mod.REST_BY_INDUCTOR["forward"] == backend_mod.REST_BY_INDUCTOR["backward"] == len(fused) // 2
+    if variant == "budget":
+        assert any(a.recomputed for a in ANALYSES), "the budget recomputed nothing"
+    if variant == "dynamic":   # another size through the same graphs
+        other = _models(name, 3, 48)[2]
+        _assert_matches(model, ref, other, compiled)
+        assert len(fused) == 2, "a new size recompiled"
