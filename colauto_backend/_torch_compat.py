@@ -240,8 +240,27 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
         passes = {k: v for k, v in (("bucket_all_reduces_fx", "all"), ("bucket_reduce_scatters_fx", "all"),
                                     ("bucket_all_gathers_fx", "all"), ("reorder_for_compute_comm_overlap", True))
                   if hasattr(inductor_config, k)}
+    _register_fallbacks(gm)
     with inductor_config.patch(passes), _inductor_context(gm, example_inputs):   # as compile_fx calls it
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
+
+
+def _register_fallbacks(gm: torch.fx.GraphModule) -> None:
+    """Custom ops (colauto's generated kernels and fused loss; a model's own, such as transformers'
+    grouped_mm_fallback_backward) registered as Inductor fallbacks before Inductor lowers `gm`, with the
+    layout constraint its implicit fallback gives a custom op. Left to the implicit fallback, torch 2.11
+    formats the IR behind every input of each op's first call into a log message, eagerly
+    (exc.operator_str): each input's string holds the whole graph that computes it, so HF Qwen2's
+    24-layer forward did not finish lowering in 400 s on an H200 (torch 2.13 formats it lazily)."""
+    from torch._decomp import get_decompositions
+    from torch._inductor import lowering
+    from torch._library.utils import get_layout_constraint_tag, is_builtin
+    for node in gm.graph.nodes:
+        op = node.target
+        if (node.op == "call_function" and isinstance(op, torch._ops.OpOverload) and not is_builtin(op)
+                and op not in lowering.lowerings and not get_decompositions([op])):
+            constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+            lowering.make_fallback(op, layout_constraint=constraint, warn=False)
 
 
 def shape_env_of(graph: torch.fx.Graph):

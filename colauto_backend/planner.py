@@ -21,10 +21,13 @@
    explain() reports the modeled plan without partitioning where the model is exact (aten:
    Planner.plan(partition=False)); otherwise it reports the real partition of the plan, as compiling does.
 4. Under Inductor and Triton codegen, the candidates that fix only the compute-bound nodes (min-cut
-   places all the rest, which no model predicts) are searched on real partitions, only where they may
-   beat the modeled choice: a lower bound of each one's time (`Planner._least_time`) prunes them, and
-   along the frontier, cut where the DP starts recomputing fewer nodes (the real peak can rise there),
-   a bisection per run finds the first that fits. The plan is the faster of this and the modeled choice.
+   places all the rest, which no model predicts) are searched on real partitions only where no modeled
+   candidate fits (near the least feasible budget): a lower bound of each one's time
+   (`Planner._least_time`) prunes them, and along the frontier, cut where the DP starts recomputing
+   fewer nodes (the real peak can rise there), a bisection per run finds the first that fits. Searched
+   beside a fitting modeled choice, they changed no plan (HF Qwen2 and Llama at their bench widths, 6
+   budgets each; tests/test_remat_inductor.py against partitioning every candidate) and cost one or two
+   extra partitions a plan, the largest part of planning time.
 "Fits" means a simulated peak within the budget less HEADROOM (0.5%, for allocations the model does
 not see). The candidate set does not depend on the budget, and a smaller budget only shrinks the set
 of candidates that fit; the choice among them is monotone where the model is exact (aten). Where it
@@ -212,9 +215,9 @@ class Planner:
             chosen = (first_fit, ev, None, analysis, False)
         else:
             chosen, misses = self._probe(order, limit)
-        found = self._search(cands.searched, limit, chosen[1]["est_step_time_s"] if chosen else math.inf)
-        if found is not None and (chosen is None or found[1]["est_step_time_s"] < chosen[1]["est_step_time_s"]):
-            chosen = (*found, True)
+        if chosen is None:     # no modeled candidate fits: the compute-only ones, which min-cut completes
+            found = self._search(cands.searched, limit)
+            chosen = None if found is None else (*found, True)
         if chosen is None:     # the least peak known, to tell the user (every candidate run included)
             least = [ev for ev, _, _ in self._simulated.values()]
             least_keep = min(order, key=self._peak, default=None)
@@ -261,10 +264,9 @@ class Planner:
                         break
         return fastest_fit(), misses
 
-    def _search(self, ordered: list[tuple], limit: float, bound: float = math.inf
-                ) -> tuple[tuple, dict, tuple, Analysis] | None:
-        """The fastest of `ordered` (fastest first) whose real partition fits, among those that may run
-        faster than `bound` seconds (`_least_time`). Along the frontier the DP recomputes more nodes
+    def _search(self, ordered: list[tuple], limit: float) -> tuple[tuple, dict, tuple, Analysis] | None:
+        """The fastest of `ordered` (fastest first) whose real partition fits (`_least_time` prunes those
+        that cannot beat the best found so far). Along the frontier the DP recomputes more nodes
         point by point and the peak falls, but not across a point where it recomputes fewer, larger
         values instead: there the real peak can rise again (the DP's model of what min-cut keeps is not
         min-cut's; seen on HF Qwen2 at the logits). So `ordered` is cut into runs where the number of
@@ -287,7 +289,7 @@ class Planner:
 
         for run in runs:
             found = self._fastest_partitioned(ordered, limit)
-            beat = min(bound, found[1]["est_step_time_s"]) if found is not None else bound
+            beat = found[1]["est_step_time_s"] if found is not None else math.inf
             # a candidate that forces no recomputation is min-cut's own partition with some values
             # pinned: no smaller than the unplanned one, which did not fit
             run = [i for i in run if forced[i] and self._least_time(ordered[i]) < beat]
