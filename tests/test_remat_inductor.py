@@ -87,8 +87,8 @@ def test_modeled_partition_is_the_real_one_under_min_cut(name):
 
 @pytest.mark.parametrize("name, vocab", [("qwen2", None), ("gpt_neox", None), ("qwen2", 8192)])
 def test_few_partitions_and_plans_as_fast_as_partitioning_every_candidate(name, vocab):
-    """Under min-cut (Inductor codegen) a plan is chosen from modeled candidates plus a search of the
-    compute-only ones that may be faster, each checked on its real partition: against the exhaustive
+    """Under min-cut (Inductor codegen) a plan is chosen from modeled candidates, checked on its real
+    partition (the compute-only candidates are searched only where no modeled one fits): against the exhaustive
     search (every candidate of the old 12-point grid partitioned and simulated, `Planner(predict=None)`),
     every plan fits the budget by its real partition, runs a handful of partitions, and is no slower
     than 3%; the least feasible budget is within 3% of the exhaustive search's. With an 8192-token
@@ -109,9 +109,10 @@ def test_few_partitions_and_plans_as_fast_as_partitioning_every_candidate(name, 
         assert got.step_time_with_s <= ref.step_time_with_s * 1.03, (budget, got.step_time_with_s, ref.step_time_with_s)
         return got
     first = check(int(lo + 0.9 * (hi - lo)))
-    # later budgets reuse its partitions; torch 2.11's frontier for the 8192-token Qwen2 has more runs of
-    # compute-only candidates whose time bound is loose (6 partitions; 4 on torch 2.13)
-    assert first.partitions_run <= 6, first.partitions_run
+    # the chosen plan's own partition (one more where the model's first choice does not fit): 1 on these
+    # three on torch 2.13. Later budgets reuse its partitions. While the compute-only candidates were
+    # searched beside a fitting modeled choice, the 8192-token Qwen2 ran 4 (6 on torch 2.11)
+    assert first.partitions_run <= 2, first.partitions_run
     for f in (0.6, 0.3):
         check(int(lo + f * (hi - lo)))
     with pytest.raises(BudgetError) as err_fast:
