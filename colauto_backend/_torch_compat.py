@@ -125,14 +125,34 @@ def inductor_decompositions() -> dict:
 
 def decomposed_for_inductor(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """`gm` re-traced through Inductor's decomposition table, at its placeholders' example values (fake
-    tensors and their symbolic sizes). A graph partitioned without that table (codegen triton) holds ops
-    that Inductor lowers only decomposed (aten.arange.default, the loss and norm backwards); custom ops
-    (colauto's generated kernels) stay single calls, which Inductor runs as fallback kernels."""
+    tensors and their symbolic sizes), as Inductor's own trace would leave it. A graph partitioned without
+    that table (codegen triton) holds ops that Inductor lowers only decomposed (aten.arange.default, the
+    loss and norm backwards); custom ops (colauto's generated kernels) stay single calls, which Inductor
+    runs as fallback kernels. Then, as Inductor's joint passes do: random ops (dropout's `rand`, which
+    appears only once `native_dropout` is decomposed) become Inductor's seeded ones, which it lowers;
+    and the placeholders keep their names (`primals_*`, `tangents_*`: Inductor and CUDA graph trees read
+    which inputs are static from them)."""
     from torch._guards import detect_fake_mode
+    from torch._inductor.fx_passes.replace_random import replace_random_passes
+    from torch._inductor.virtualized import V
     from torch.fx.experimental.proxy_tensor import make_fx
-    examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    with detect_fake_mode(examples):
-        return make_fx(torch.fx.Interpreter(gm).run, decomposition_table=inductor_decompositions())(*examples)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    examples = [n.meta["val"] for n in placeholders]
+    fake_mode = detect_fake_mode(examples)
+    with fake_mode:
+        out = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=inductor_decompositions())(*examples)
+    with V.set_fake_mode(fake_mode):
+        replace_random_passes(out)
+    # copied into a graph whose placeholders take the old names first (the saved activations a backward
+    # graph reads are named after forward ops, names the traced ops may hold already)
+    graph, env = torch.fx.Graph(), {}
+    for old, new in zip(placeholders, [n for n in out.graph.nodes if n.op == "placeholder"]):
+        env[new] = graph.placeholder(old.name)
+        env[new].meta = new.meta
+    for node in out.graph.nodes:
+        if node.op != "placeholder":
+            env[node] = graph.node_copy(node, env.__getitem__)
+    return torch.fx.GraphModule(out, graph)
 
 
 def _importing_lowering(fn: Callable) -> Callable:

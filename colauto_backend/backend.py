@@ -133,7 +133,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                 memory.predict_partition, joint.graph, num_fwd_outputs=num_fwd_outputs, param_indices=params,
                 device=device, optimizer=config.optimizer, hints=baseline.hints, fused=baseline.fused)
             remat = planner.Planner(joint, split, baseline, analysis_for, buffers, predict,
-                                    cache_settings=(config.codegen, repr(device), config.optimizer, dp is not None),
+                                    cache_settings=(config.codegen, repr(device), config.optimizer, dp is not None,
+                                                    inductor_fuses),
                                     exact=config.codegen == "aten")
             chosen, graphs, analysis = remat.plan(budget)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
@@ -177,11 +178,13 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 
 def rest_by_inductor(inputs: list) -> bool:
     """Under codegen triton, whether Inductor compiles what colauto's generated kernels leave: where
-    Inductor emits Triton (CUDA), so its generated wrapper launches every kernel, colauto's among them,
-    and the step needs no CUDA graph to run without Python op dispatch between kernels (run op by op, the
-    rest left HF models' steps host-bound: 0.46-0.94x Inductor's). On CPU, where Triton kernels run in its
-    interpreter, the rest runs as aten ops: Inductor's C++ would only add compile time."""
-    return any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inputs)
+    Inductor emits Triton (CUDA, with Triton importable), so its generated wrapper fuses and launches the
+    rest and calls colauto's kernels as fallback kernels (still one Python custom-op call each). Run op
+    by op, the rest left HF models' steps host-bound: 0.46-0.94x Inductor's. On CPU, where Triton kernels
+    run in its interpreter, the rest runs as aten ops: Inductor's C++ would only add compile time."""
+    import triton_kernels   # local import: needs triton_kernels only under codegen triton
+    return (any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inputs)
+            and bool(triton_kernels.available()))
 
 
 def _codegen(config: cfg.Config, user_outputs: int) -> Callable:

@@ -204,7 +204,7 @@ class Planner:
         A candidate's modeled step time needs only which nodes its partition recomputes (cheap,
         `modeled_time`); its modeled peak needs the liveness replay, so peaks are modeled in order of
         time, only until the choice is made. The candidates the model cannot describe (`cands.searched`)
-        are searched on real partitions, and the faster of the two choices is the plan."""
+        are searched on real partitions only where no modeled candidate fits."""
         searched = set(cands.searched)
         # fastest first; sorted() is stable, so equal times keep the candidates' order (fastest point first)
         order = sorted((keep for keep in cands.decisions if keep not in searched), key=self.modeled_time)

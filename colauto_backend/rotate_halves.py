@@ -4,7 +4,7 @@ A cat is not pointwise: its output's halves read different places of its inputs,
 cannot take it, and every LLaMA layer ran four aten cats and four negs (forward q, k; backward q, k).
 Rewritten, x is viewed as [..., 2, h] along the cat dim (splitting a dim is always a view), each half of
 the result is a slice of that view (a view again) broadcast over the new dim, optionally negated, and
-`where(first, half0, half1)` with a constant `first` = [[True], [False]] picks one per half. The result
+`where(first, half0, half1)` with a mask `first` = [[True], [False]] (computed in the graph) picks one per half. The result
 is viewed back. Every op computes exactly what the cat did (negation and selection only), and neg and
 where are pointwise, so they join the `x * cos + rotated * sin` kernel around them.
 

@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("triton", reason="triton is not importable: COLAUTO_CODEGEN=triton has nothing to run")
 pytest.importorskip("transformers")
 
+from colauto_backend import _torch_compat as compat  # noqa: E402
 from colauto_backend import backend as backend_mod  # noqa: E402
 from colauto_backend import fusion, fusion_prep  # noqa: E402
 from colauto_backend.backend import ANALYSES  # noqa: E402
@@ -199,3 +200,33 @@ def test_inductor_compiles_what_the_kernels_leave(name, variant, monkeypatch):
         other = _models(name, 3, 48)[2]
         _assert_matches(model, ref, other, compiled)
         assert len(fused) == 2, "a new size recompiled"
+
+
+def test_inductor_rest_runs_dropout_and_keeps_input_names(monkeypatch):
+    """The re-trace for Inductor (`decomposed_for_inductor`) under dropout: `native_dropout` decomposes
+    there into `rand`, which Inductor lowers only after its random-op pass (else "should have been handled
+    in replace_random.py"), so a training step of GPT-2 with its dropout on runs, with finite gradients
+    that differ from a step without dropout. And every re-traced graph keeps its placeholders' names
+    (Inductor and CUDA graph trees tell static inputs from `primals_*` / `tangents_*`)."""
+    monkeypatch.setattr(backend_mod, "rest_by_inductor", lambda inputs: True)
+    seen = []
+    real = compat.decomposed_for_inductor
+
+    def spy(gm):
+        out = real(gm)
+        seen.append(([n.name for n in gm.graph.nodes if n.op == "placeholder"],
+                     [n.name for n in out.graph.nodes if n.op == "placeholder"]))
+        return out
+    monkeypatch.setattr(compat, "decomposed_for_inductor", spy)
+    model, ref, kw = _models("gpt2", 2, 32)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.5
+    compiled = torch.compile(model, backend="colauto", options={"codegen": "triton"})
+    loss, grads = _step(model, kw, compiled)
+    ref_loss, ref_grads = _step(ref, kw, ref)           # no dropout
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads.values())
+    assert grads.keys() == ref_grads.keys()
+    assert any(not torch.allclose(grads[k], ref_grads[k], atol=1e-4) for k in grads), "dropout changed nothing"
+    assert seen and all(before == after for before, after in seen), seen
+    assert any(name.startswith("tangents") for before, _ in seen for name in before)
