@@ -82,8 +82,10 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         config = cfg.resolve_codegen(unresolved, example_inputs)
         owner = next((t for t in example_inputs if isinstance(t, torch.nn.Parameter)), None)  # stands for the model
         device = resolve(config.device, next((t for t in example_inputs if isinstance(t, torch.Tensor)), None))
-        # the memory model of Inductor's fusion: Inductor codegen, and triton where Inductor compiles the rest
-        inductor_fuses = config.codegen == "inductor" or (config.codegen == "triton" and rest_by_inductor(example_inputs))
+        # codegen triton: whether Inductor compiles what the kernels leave; and with it, the memory model of
+        # Inductor's fusion (Inductor codegen, and triton where Inductor compiles the rest)
+        inductor_rest = config.codegen == "triton" and rest_by_inductor(example_inputs)
+        inductor_fuses = config.codegen == "inductor" or inductor_rest
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
@@ -149,7 +151,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
-        codegen = _codegen(config, compat.num_outputs(gm))
+        codegen = _codegen(config, compat.num_outputs(gm), inductor_rest)
         compilers = [functools.partial(codegen, is_backward=False), functools.partial(codegen, is_backward=True),
                      inference]
         # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
@@ -187,9 +189,11 @@ def rest_by_inductor(inputs: list) -> bool:
             and bool(triton_kernels.available()))
 
 
-def _codegen(config: cfg.Config, user_outputs: int) -> Callable:
+def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False) -> Callable:
     """The compiler for one Dynamo graph's forward, backward and inference graphs; `user_outputs`: how
-    many outputs the Dynamo graph has (Inductor keeps their strides as eager's)."""
+    many outputs the Dynamo graph has (Inductor keeps their strides as eager's); `inductor_rest`: under
+    codegen triton, Inductor compiles what the kernels leave (`rest_by_inductor`, decided once per
+    Dynamo graph, as the memory model was)."""
     recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
 
     def run(gm, inputs, *, is_backward, is_inference=False):
@@ -198,7 +202,7 @@ def _codegen(config: cfg.Config, user_outputs: int) -> Callable:
         inductor = config.codegen == "inductor"
         if config.codegen == "triton":
             from . import fusion   # local import: needs triton_kernels only when asked for
-            inductor = rest_by_inductor(inputs)
+            inductor = inductor_rest
             # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time (and
             # where Inductor compiles the rest, it fuses the lone ops itself)
             done = fusion.fuse(gm, lone_ops=not inductor and recorder is not None and reason is None)
