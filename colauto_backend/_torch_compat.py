@@ -437,10 +437,22 @@ def register_cpu_attention_sharding() -> None:
     aten = torch.ops.aten
 
     def rules(n_in: int, n_out: int, mask) -> list:
-        m = [Replicate()] if mask is not None else []
-        out = [([Replicate()] * n_out, [Replicate()] * n_in + [None, None] + m)]
-        for d in (0, 1):
-            out.append(([Shard(d)] * n_out, [Shard(d)] * n_in + [None, None] + m))
+        # the mask is a keyword argument, which DTensor never redistributes: each strategy keeps it in the
+        # placement it has (T5's position bias [1, heads, q, k] sharded on heads as q is, or replicated
+        # where it broadcasts over the sharded dim); a strategy that would need it moved is left out
+        def keep(place) -> list | None:
+            if mask is None:
+                return []
+            if all(p == place for p in mask.placements):
+                return [place]
+            if all(p == Replicate() for p in mask.placements) and place != Replicate() and mask.shape[place.dim] == 1:
+                return [Replicate()]
+            return None
+        out = []
+        for place in (Replicate(), Shard(0), Shard(1)):
+            m = keep(place)
+            if m is not None:
+                out.append(([place] * n_out, [place] * n_in + [None, None] + m))
         return out
 
     @register_sharding(aten._scaled_dot_product_flash_attention_for_cpu.default)

@@ -360,6 +360,9 @@ def render_parallel(plan: dict, title: str | None = None) -> str:
     if tp:
         lines.append(f"tensor parallel: {sum(r == 'col' for r in tp.values())} column and "
                      f"{sum(r == 'row' for r in tp.values())} row modules")
+    if p.get("replicated_ops"):
+        lines.append("run replicated over tp, their inputs gathered (DTensor has no sharding rule for them; "
+                     "costed in communication): " + ", ".join(p["replicated_ops"]))
     if p.get("layers"):
         lines.append("layers (model order)")
         lines += layer_lines(p["layers"], eff)

@@ -253,21 +253,59 @@ def test_mesh_without_torchrun_is_a_clear_error():
     assert isinstance(inner, cfg.ConfigError) and "has 4 devices but the job has 1 ranks" in str(inner)
 
 
-def test_op_without_a_dtensor_rule_is_named_before_tracing():
-    """The registry adapter (_dtensor_rules.uncovered) finds what DTensor would refuse mid-trace."""
+def test_op_without_a_dtensor_rule_runs_replicated_and_is_costed(monkeypatch):
+    """An op DTensor has no rule for (cdist, forward and backward) is not refused: a tp plan runs it
+    replicated, names it in the plan and the report, and costs gathering its inputs over tp (the ring
+    all-gather of their bytes, computed here from the shapes by hand)."""
     class Cdist(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(512, 4096), torch.nn.Linear(4096, 512)
+
+        def forward(self, x):
+            return torch.cdist(self.down(torch.relu(self.up(x))), x, compute_mode="donot_use_mm_for_euclid_dist").mean()
+    plan = colauto_backend.explain(Cdist(), torch.randn(64, 512), mesh="tp=2", device="h100")
+    assert plan.tensor_parallel
+    assert plan.predicted["replicated_ops"] == ["aten._cdist_forward.default", "aten._cdist_backward.default"]
+    assert "run replicated over tp" in report.render_parallel(plan.to_json())
+    # forward reads x1, x2 (64x512 fp32); backward reads grad, x1, x2 and the output (64x64); gathered
+    # over tp=2, each is the tp group's 2x
+    nbytes = 4 * (2 * 64 * 512) + 4 * (2 * 64 * 64 + 2 * 64 * 512)
+    link = comm.resolve(None, "h100")
+    gathered = link.all_gather(nbytes * 2, 2)
+    # the same model planned as if DTensor had rules for them: the plan is the same, its communication
+    # shorter by exactly that gather
+    with monkeypatch.context() as m:
+        m.setattr(entry._dtensor_rules, "uncovered", lambda gm: {})
+        ruled = colauto_backend.explain(Cdist(), torch.randn(64, 512), mesh="tp=2", device="h100")
+    assert ruled.digest() == plan.digest() and ruled.predicted["replicated_ops"] == []
+    assert plan.predicted["comm_total_s"] - ruled.predicted["comm_total_s"] == pytest.approx(gathered, rel=1e-9)
+    # dp runs the model's ops on plain tensors: nothing replicated, nothing named
+    plan = colauto_backend.explain(Cdist(), torch.randn(64, 512), mesh="dp=2", device="h100")
+    assert plan.predicted["replicated_ops"] == []
+
+
+def test_op_that_cannot_run_replicated_is_named_before_tracing():
+    """An op with no DTensor rule that a generic replicated rule cannot cover (it takes a list of
+    tensors): tp is refused in one line naming it; the automatic plan leaves tp meshes out."""
+    @torch.library.custom_op("colauto_test::list_sum", mutates_args=())
+    def list_sum(xs: list[torch.Tensor]) -> torch.Tensor:
+        return sum(xs)
+
+    list_sum.register_fake(lambda xs: torch.empty_like(xs[0]))
+
+    class ListSum(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.lin = torch.nn.Linear(8, 8)
 
         def forward(self, x):
-            return torch.cdist(self.lin(x), x).mean()
-    with pytest.raises(colauto_backend.ConfigError) as err:     # tensor parallelism runs ops on DTensors: named
-        colauto_backend.explain(Cdist(), torch.randn(4, 8), mesh="tp=2", device="h100")
-    assert "aten._cdist_forward.default" in str(err.value) and "register_sharding" in str(err.value)
+            return (self.lin(x) + torch.ops.colauto_test.list_sum([x, x])).mean()
+    with pytest.raises(colauto_backend.ConfigError) as err:
+        colauto_backend.explain(ListSum(), torch.randn(4, 8), mesh="tp=2", device="h100")
+    assert "colauto_test.list_sum.default" in str(err.value) and "register_sharding" in str(err.value)
     assert "\n" not in str(err.value)
-    # dp and fsdp run the model's ops on plain tensors: the automatic plan leaves tp meshes out
-    plan = colauto_backend.explain(Cdist(), torch.randn(4, 8), mesh="2", device="h100")
+    plan = colauto_backend.explain(ListSum(), torch.randn(4, 8), mesh="2", device="h100")
     assert "tp" not in plan.mesh_str
 
 

@@ -279,10 +279,56 @@ def test_uncovered_names_the_ops_dtensor_refuses(meshes):
         except NotImplementedError:
             want.append(str(node.target))
     assert "aten._cdist_forward.default" in want
-    assert rules.uncovered(gm) == want
+    assert list(rules.uncovered(gm)) == want
     # a dynamic-shape trace of the same block (sizes are symbols, answered at their example values)
     with fx_config.patch(use_duck_shape=False):
         dynamic = make_fx(block, tracing_mode="symbolic")(torch.randn(8, 8), torch.randn(8, 8), torch.randn(8))
     assert any(isinstance(s, torch.SymInt) for n in dynamic.graph.nodes if n.op == "placeholder"
                for s in n.meta["val"].shape)
-    assert rules.uncovered(dynamic) == want
+    assert list(rules.uncovered(dynamic)) == want
+
+
+def test_op_without_rule_runs_replicated(meshes):
+    """run_replicated gives an op DTensor has no rule for colauto's fallback: whatever its inputs'
+    placements (sharded, partial), DTensor gathers them and the output is Replicate, as `propagate`
+    predicts; the op stays listed by `uncovered` (its gathers are costed) and its kind is "replicated"."""
+    @torch.library.custom_op("colauto_test::scaled", mutates_args=())
+    def scaled(x: torch.Tensor, y: torch.Tensor, k: float) -> torch.Tensor:
+        return x * y * k
+
+    scaled.register_fake(lambda x, y, k: torch.empty_like(x))
+    op = torch.ops.colauto_test.scaled.default
+    args = (T(16, 8), T(16, 8), 2.0)
+    with pytest.raises(NotImplementedError):
+        run_on_dtensors(op, args, {}, [(Shard(0),), (Replicate(),)], meshes["1d"])
+    assert rules.replicable(op) and rules.rule_kind(op) is None
+    rules.run_replicated(op)
+    assert rules.rule_kind(op) == "replicated"
+    for pl in [[(Shard(0),), (Shard(1),)], [(Partial(),), (Replicate(),)], [(Replicate(),), (Replicate(),)]]:
+        got = rules.propagate(op, args, {}, pl, meshes["1d"])
+        assert got.out == ((Replicate(),),)
+        assert (got.out, got.redistribute) == run_on_dtensors(op, args, {}, pl, meshes["1d"])
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x, y: op(x, y, 2.0), tracing_mode="fake")(
+        torch.randn(16, 8), torch.randn(16, 8))
+    assert list(rules.uncovered(gm)) == ["colauto_test.scaled.default"]
+
+
+def test_what_cannot_run_replicated():
+    """An op that mutates an input, or takes or returns a tensor list, gets no generic rule."""
+    assert not rules.replicable(aten.fill_.Tensor)          # mutates self
+    assert not rules.replicable(aten.cat.default)           # Tensor[] input
+    assert not rules.replicable(aten.split.Tensor)          # Tensor[] output
+    assert rules.replicable(aten.fill.Tensor)
+    with pytest.raises(ValueError, match="cannot be run replicated"):
+        rules.run_replicated(aten.add_.Tensor)
+
+
+def test_in_place_variant_keeps_its_placement(meshes):
+    """Once `fill.Tensor` runs replicated, DTensor would run the in-place `fill_.Tensor` (which has no
+    rule) as fill + copy_ into a gathered copy, and the write would be lost; colauto's handler writes
+    the rank's part back: the result is the input itself, in its placement. (Values: the BART tp run
+    in tests/test_parallel_data.py, which trains like one process only with it.)"""
+    rules.run_replicated(aten.fill.Tensor)
+    (x,), _ = on_mesh((T(16, 8),), {}, [(Shard(0),)], meshes["1d"])
+    out = aten.fill_.Tensor(x, torch.tensor(2.0, device="meta"))
+    assert out is x and x.placements == (Shard(0),)

@@ -1,7 +1,9 @@
 """DTensor's own sharding rules, asked before tracing and without data: how DTensor runs an op sharded
-(`rule_kind`), which output placements and input redistributions it would choose (`propagate`), and which
-ops of an aten graph it cannot run sharded (`uncovered`). The one place colauto reads DTensor's private
-sharding-propagation registries (torch 2.11-2.13); a torch upgrade edits this file."""
+(`rule_kind`), which output placements and input redistributions it would choose (`propagate`), which
+ops of an aten graph it has no rule for (`uncovered`), and the rule colauto gives those: run replicated
+(`run_replicated`: every tensor input redistributed to Replicate, the op run whole on each rank, its
+outputs Replicate). The one place colauto reads DTensor's private sharding-propagation registries
+(torch 2.11-2.13); a torch upgrade edits this file."""
 from __future__ import annotations
 
 import functools
@@ -51,8 +53,8 @@ def rule_kind(op: torch._ops.OpOverload) -> str | None:
     """How DTensor runs `op` on sharded inputs, in its dispatcher's order: "handler" (a hand-written
     dispatcher case, e.g. convolution; `propagate` refuses these), "strategy" (op_strategy_funcs /
     op_single_dim_strategy_funcs), "custom" (register_sharding), "rule" (op_to_rules), "composite implicit"
-    (decomposed before DTensor sees it), "decomposition" (DTensor traces its decomposition), or None:
-    DTensor cannot run it sharded."""
+    (decomposed before DTensor sees it), "decomposition" (DTensor traces its decomposition), "replicated"
+    (colauto's fallback, `run_replicated`), or None: DTensor cannot run it sharded."""
     d = _dtensor()
     if op in d.dispatcher._custom_op_handlers:
         return "handler"
@@ -62,6 +64,8 @@ def rule_kind(op: torch._ops.OpOverload) -> str | None:
     if fn is not None:
         # register_sharding stores partial(custom_strategy, user_fn), custom_strategy being its local function
         is_custom = isinstance(fn, functools.partial) and fn.func.__qualname__.startswith("register_sharding.")
+        if is_custom and fn.args and isinstance(fn.args[0], functools.partial) and fn.args[0].func is _replicate_all:
+            return "replicated"
         return "custom" if is_custom else "strategy"
     if op in d.prop.op_to_rules:
         return "rule"
@@ -139,22 +143,103 @@ def _specs(d: SimpleNamespace, schema) -> list:
     return [s for s in pytree.tree_leaves((schema.args_schema, schema.kwargs_schema)) if isinstance(s, d.Spec)]
 
 
-def uncovered(gm: torch.fx.GraphModule) -> list[str]:
-    """The ops of an aten graph that DTensor cannot run sharded, each named once, in graph order. Ops with
-    no tensor input run as plain tensor ops and are skipped. An op DTensor handles by tracing its
-    decomposition counts only if that trace succeeds on the node's example values (replicated)."""
-    missing: list[str] = []
+def uncovered(gm: torch.fx.GraphModule) -> dict[str, list[torch.fx.Node]]:
+    """The ops of an aten graph that DTensor has no sharding rule for (or only colauto's replicated
+    fallback), each named once, in graph order, with the nodes that call it. Ops with no tensor input run
+    as plain tensor ops and are skipped. An op DTensor handles by tracing its decomposition counts only
+    if that trace succeeds on the node's example values (replicated)."""
+    missing: dict[str, list[torch.fx.Node]] = {}
     for node in gm.graph.nodes:
         op = node.target
-        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or str(op) in missing:
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+            continue
+        if str(op) in missing:
+            missing[str(op)].append(node)
             continue
         inputs = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
         if not any("val" not in a.meta or isinstance(a.meta["val"], torch.Tensor) for a in inputs):
             continue
         kind = rule_kind(op)
-        if kind is None or (kind == "decomposition" and not _decomposes(op, node)):
-            missing.append(str(op))
+        if kind in (None, "replicated") or (kind == "decomposition" and not _decomposes(op, node)):
+            missing[str(op)] = [node]
     return missing
+
+
+def replicable(op: torch._ops.OpOverload) -> bool:
+    """Whether `run_replicated` can give `op` a rule: a functional op (no argument it mutates or aliases)
+    whose tensors are single Tensor arguments and returns (a Tensor list is not a placement DTensor's
+    generic strategy expands)."""
+    schema = op._schema
+    if schema.is_mutable or any(a.alias_info is not None for a in schema.arguments):
+        return False
+    tensor, opt_tensor = torch.TensorType.get(), torch.OptionalType(torch.TensorType.get())
+    def plain(t) -> bool:
+        return t == tensor or t == opt_tensor or not _holds_tensor(t)
+    return (all(plain(a.type) for a in schema.arguments)
+            and all(r.type == tensor for r in schema.returns) and len(schema.returns) > 0)
+
+
+def _holds_tensor(t) -> bool:
+    return "Tensor" in str(t)
+
+
+def _replicate_all(n_out: int, *args, **kwargs) -> list:
+    """The one strategy `run_replicated` registers: every output and every tensor input Replicate."""
+    from torch.distributed.tensor import Replicate
+    spec = _dtensor().Spec
+    for name, a in kwargs.items():    # DTensor never redistributes keyword arguments
+        if isinstance(a, spec) and any(p != Replicate() for p in a.placements):
+            raise NotImplementedError(f"colauto: keyword argument {name} arrives sharded ({a.placements}) at an op "
+                                      "run replicated, and DTensor does not redistribute keyword arguments")
+    inputs = [Replicate() if isinstance(a, spec) else None for a in (*args, *kwargs.values())]
+    return [([Replicate()] * n_out, inputs)]
+
+
+def op_named(name: str) -> torch._ops.OpOverload:
+    """The op an OpOverload's str() names ("aten.fill.Tensor", "transformers.grouped_mm_fallback.default")."""
+    namespace, packet, overload = name.rsplit(".", 2)
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
+def run_replicated(op: torch._ops.OpOverload) -> None:
+    """Give `op`, which DTensor has no rule for, colauto's fallback rule (DTensor's register_sharding):
+    its sharded inputs are gathered (Partial ones reduced), it runs whole on every rank and its outputs
+    are Replicate. Correct for any op; its cost is the gathers, which the planner adds to tp plans.
+
+    Its in-place variant (`fill_.Tensor` for `fill.Tensor`), where DTensor has no rule for that either,
+    gets a handler that runs the functional op so and writes the rank's part of the result back into
+    the input: left to DTensor, the in-place op is decomposed into the functional one and a `copy_`
+    into the gathered copy, and the write is silently lost (BART's `shift_tokens_right` under tp)."""
+    from torch.distributed.tensor.experimental import register_sharding
+    if rule_kind(op) == "replicated":
+        return
+    if not replicable(op):
+        raise ValueError(f"colauto: {op} mutates an input or takes or returns a list of tensors: it cannot be "
+                         "run replicated by a generic rule")
+    register_sharding(op)(functools.partial(_replicate_all, len(op._schema.returns)))
+    inplace = _inplace_variant(op)
+    if inplace is not None and rule_kind(inplace) in (None, "decomposition"):
+        _dtensor().dispatcher._custom_op_handlers[inplace] = functools.partial(_write_back, op)
+
+
+def _inplace_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """`aten.fill_.Tensor` for `aten.fill.Tensor`; None where there is none."""
+    namespace, name = op._schema.name.split("::")
+    packet = getattr(getattr(torch.ops, namespace), name + "_", None)
+    return None if packet is None else getattr(packet, op._overloadname, None)
+
+
+def _write_back(functional: torch._ops.OpOverload, op_call, args, kwargs):
+    """DTensor handler of an in-place op with no rule: its functional op (run replicated), then the
+    rank's part of the result copied into the input, in the input's placements."""
+    d = _dtensor()
+    target = args[0]
+    if not isinstance(target, d.DTensor):
+        raise NotImplementedError(f"colauto: {op_call} writes into a plain tensor but reads a DTensor: give it a "
+                                  "sharding rule with torch.distributed.tensor.experimental.register_sharding")
+    result = functional(*args, **kwargs)
+    target.copy_(result.redistribute(target.device_mesh, target.placements))
+    return target
 
 
 def _decomposes(op: torch._ops.OpOverload, node: torch.fx.Node) -> bool:

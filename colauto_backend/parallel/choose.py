@@ -212,6 +212,9 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
         switches, place = switches + switch_cost(plan, g, tp, link, place, after), after
     switches += switch_cost(plan, list(costs)[-1], tp, link, place, "S") if costs else 0.0   # output: "S"
     reduce = sum(c.reduce_s for c in costs.values())
+    n_tp = dict(plan.axes).get("tp", 1)
+    if plan.tensor_parallel and n_tp > 1 and tp.replicated_bytes:   # ops with no DTensor rule: inputs gathered
+        switches += link.over(plan.axes, {"tp"}).all_gather(tp.replicated_bytes * n_tp, n_tp)
     comm = (sum(c.gather_s + c.tp_s for c in costs.values()) + switches
             + max(0.0, reduce - compute * single.backward_share))
     trained = sum(c.trained for c in costs.values())
@@ -353,6 +356,7 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
         "sequential_step_time_s": None if sequential is None else sequential.time_s,
         "replicated_layers": replicated[joint],
         "tp_off_layers": _tp_off(plans[joint], params, layout(plans[joint].axes)),
+        "replicated_ops": list(layout(plans[joint].axes).replicated_ops) if plans[joint].tensor_parallel else [],
         "whole_batch_layers": sorted((g for g, p in plans[joint].layer_places.items() if p == "R"), key=natural_key),
         "comm_total_s": chosen.comm_total_s,
         "effective_mesh": _mesh(effective[joint]),

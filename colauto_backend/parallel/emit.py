@@ -29,7 +29,12 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import _torch_compat as compat
+from .. import counters
+from . import _dtensor_rules
 from .plan import ParallelPlan
+
+# ops DTensor has no sharding rule for, run replicated over tp by colauto's rule: op -> plans that did
+REPLICATED_OPS = counters.counter("ops run replicated over tp")
 
 _OWNER: WeakIdKeyDictionary = WeakIdKeyDictionary()   # DTensor parameter -> (Sharded, fqn)
 
@@ -66,6 +71,9 @@ class Sharded:
             # tp activations are DTensors: a plain tensor the model makes in forward (positions from
             # arange, a rotary table from a buffer) is the same on every rank, i.e. replicated
             compat.allow_implicit_replication()
+            for name in self.plan.predicted.get("replicated_ops", ()):   # no DTensor rule: run whole
+                _dtensor_rules.run_replicated(_dtensor_rules.op_named(name))
+                REPLICATED_OPS[name] += 1
         self._shard(self.root)
         if not self.plain:
             self._pin_tp_activations()

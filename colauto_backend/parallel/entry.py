@@ -150,30 +150,39 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     with torch.enable_grad():    # plan for training, even when the first call is an evaluation
         analysis = analyze_only(config, gm, example_inputs)
     _register_rules()
-    missing = _dtensor_rules.uncovered(analysis.joint)
-    if missing and config.codegen == "inductor":
+    checked = analysis.joint
+    if config.codegen == "inductor" and _dtensor_rules.uncovered(checked):
         # DTensor runs the ops before Inductor's decompositions (those go to each rank's local graph):
         # check the graph without them
         with torch.enable_grad():
-            missing = _dtensor_rules.uncovered(analyze_only(dataclasses.replace(config, codegen="aten"), gm,
-                                                            example_inputs).joint)
-    if missing:
-        # tensor parallelism runs the model's ops on DTensor activations, which would fail on these; dp
-        # and fsdp run them on plain tensors (only parameter reads are DTensor ops) and need no rule
-        no_tp = [axes for axes in candidates if all(role != "tp" for role, _ in axes)]
-        if not no_tp:
-            raise ConfigError(
-                f"COLAUTO_MESH: DTensor has no sharding rule for {', '.join(missing)}, which this model's training "
-                "step runs, so tensor parallelism cannot run it yet: use dp or fsdp axes (COLAUTO_MESH=fsdp=N, or "
-                "unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
-        candidates = no_tp
+            checked = analyze_only(dataclasses.replace(config, codegen="aten"), gm, example_inputs).joint
+    missing = _dtensor_rules.uncovered(checked)
+    fallback = Replicated()
+    if missing and any(role == "tp" for axes in candidates for role, _ in axes):
+        fixed = [name for name, nodes in missing.items() if _dtensor_rules.replicable(nodes[0].target)]
+        refused = [name for name in missing if name not in fixed]
+        if refused:
+            # tensor parallelism runs the model's ops on DTensor activations, which would fail on these; dp
+            # and fsdp run them on plain tensors (only parameter reads are DTensor ops) and need no rule
+            no_tp = [axes for axes in candidates if all(role != "tp" for role, _ in axes)]
+            if not no_tp:
+                raise ConfigError(
+                    f"COLAUTO_MESH: DTensor has no sharding rule for {', '.join(refused)}, which this model's "
+                    "training step runs, and colauto cannot run it replicated (it mutates an input or takes a list "
+                    "of tensors), so tensor parallelism cannot run it: use dp or fsdp axes (COLAUTO_MESH=fsdp=N, or "
+                    "unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
+            candidates = no_tp
+        else:
+            fallback = Replicated(tuple(fixed), sum(_input_bytes(n) for name in fixed for n in missing[name]))
+    tp_layout = lambda size: dataclasses.replace(strategy.tp_layout(gm, names, size),  # noqa: E731
+                                                 replicated_ops=fallback.ops, replicated_bytes=fallback.nbytes)
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
     if config.memory_budget is None:   # unset: leave room for NCCL's buffers and allocator fragmentation
         budget = int(budget * DEFAULT_BUDGET_FRACTION)
     def pick(meshes: list) -> ParallelPlan:
         progress.say(f"planning: {len(meshes)} candidate meshes, each with its per-layer placement and recomputation")
-        return choose.choose(meshes, params, lambda size: strategy.tp_layout(gm, names, size), analysis, link, budget)
+        return choose.choose(meshes, params, tp_layout, analysis, link, budget)
     data_parallel = [axes for axes in candidates if all(role == "dp" for role, _ in axes)]
     if prefer_data_parallel and data_parallel and len(data_parallel) < len(candidates):
         try:
@@ -181,6 +190,24 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
         except planner.BudgetError:
             pass        # data parallelism does not fit: weigh the sharded meshes too
     return pick(candidates)
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicated:
+    """Ops DTensor has no sharding rule for, which a tensor-parallel plan runs replicated over tp
+    (_dtensor_rules.run_replicated), and the bytes of their tensor inputs a step gathers to do so."""
+    ops: tuple[str, ...] = ()
+    nbytes: int = 0
+
+
+def _input_bytes(node: fx.Node) -> int:
+    """Bytes of a joint-graph node's tensor inputs at their example sizes."""
+    total = 0
+    for a in node.all_input_nodes:
+        v = a.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            total += math.prod(compat.example_int(s) for s in v.shape) * v.element_size()
+    return total
 
 
 class _Planned(Exception):

@@ -50,6 +50,10 @@ class TPLayout:
     module_groups: dict[str, str] = dataclasses.field(default_factory=dict)  # tp module -> its weight's layer
     total_bytes: int = 0                   # the graph's activation bytes
     order: list[str] = dataclasses.field(default_factory=list)   # layers in the order the graph runs them
+    # ops DTensor has no rule for, run replicated over tp (their tensor inputs gathered: `replicated_bytes`
+    # a step, at the rank's sizes); set by the caller, which reads them off the joint aten graph
+    replicated_ops: tuple[str, ...] = ()
+    replicated_bytes: int = 0
 
     def movable(self) -> set[str]:
         """Layers whose activations a plan may place: modules that made nodes of the graph (emission
