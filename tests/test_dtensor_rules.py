@@ -332,3 +332,40 @@ def test_in_place_variant_keeps_its_placement(meshes):
     (x,), _ = on_mesh((T(16, 8),), {}, [(Shard(0),)], meshes["1d"])
     out = aten.fill_.Tensor(x, torch.tensor(2.0, device="meta"))
     assert out is x and x.placements == (Shard(0),)
+
+
+def test_laid_out_as_copies_only_when_the_order_differs():
+    x = torch.randn(2, 8, 4, 16).transpose(1, 2)                  # [b, h, s, d] laid out [b, s, h, d]
+    assert rules.laid_out_as(x, x.stride()) is x
+    c = x.contiguous()
+    got = rules.laid_out_as(c, x.stride())
+    assert got.stride() == x.stride() and torch.equal(got, c)
+    assert rules.laid_out_as(c, c.stride()) is c
+    assert rules.laid_out_as(c, (0, 0, 16, 1)) is c                 # an expanded tensor's strides: left alone
+    one = torch.randn(2, 1, 4, 16)                                  # size-one dims are not compared
+    assert rules.laid_out_as(one, (64, 1, 16, 1)) is one
+
+
+def test_redistributed_local_keeps_its_global_layout(meshes, monkeypatch):
+    """DTensor keeps a redistributed tensor's global strides, but its collectives return the local tensor
+    contiguous; with `keep_local_layout` the local is laid out as the global strides say, so HF attention's
+    `transpose(1, 2).reshape(...)` after a query gathered over one axis of a 2-d mesh (Llama under dp x tp)
+    stays a view the local tensor can take. (Training: llama@dp=2,tp=2 in tests/test_parallel_data.py.)"""
+    import importlib
+    for name in rules._REDISTRIBUTE_USERS:       # undone after the test
+        module = importlib.import_module(name)
+        monkeypatch.setattr(module, "redistribute_local_tensor", module.redistribute_local_tensor)
+    rules.keep_local_layout()
+    rules.keep_local_layout()                    # idempotent
+    assert importlib.import_module(rules._REDISTRIBUTE_USERS[1]).redistribute_local_tensor.__wrapped__ \
+        .__name__ == "redistribute_local_tensor"
+    mesh = meshes["2d"]
+    local = torch.randn(4, 16, 4, 16).transpose(1, 2)               # the rank's [b, h, s, d] of a [8, 4, 16, 16]
+    q = DTensor.from_local(local, mesh, (Shard(0), Replicate()), run_check=False)
+    for target in ((Replicate(), Shard(1)), (Replicate(), Replicate()), (Shard(0), Shard(1))):
+        moved = q.redistribute(mesh, target)
+        assert moved.stride() == q.stride()
+        mine = moved.to_local()
+        assert rules.laid_out_as(mine, moved.stride()) is mine, (target, mine.stride())
+        out = (moved * 2).transpose(1, 2).reshape(8, 16, -1)       # a view of the global layout
+        assert out.shape == (8, 16, 64)

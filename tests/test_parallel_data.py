@@ -36,10 +36,16 @@ SHARDED_UNDER_BUDGET = "llama@fsdp=2+tight"
 # Ops DTensor has no rule for run replicated over tp (_dtensor_rules.run_replicated): Qwen2-MoE's expert
 # matmul (a transformers custom op), Falcon's and BART's copy/lift_fresh_copy/fill.Tensor; BART's
 # `shift_tokens_right` writes in place into a batch-sharded tensor (fill_.Tensor), which trains like one
-# process only because the in-place variant writes the rank's part back.
+# process only because the in-place variant writes the rank's part back. T5's position bias (CPU attention's
+# mask, replicated) moves q/k/v off their heads shards: a redistributed local keeps its global layout
+# (_dtensor_rules.keep_local_layout), else the attention output's reshape fails. GPT-2's graph break leaves
+# the first graph an output the loss never uses (its last hidden state): the forward's graph outputs are
+# tied to the loss (emit._tie_to_loss), else AOTAutograd's backward gets a plain zero for a DTensor tangent.
 TP_2 = ["llama@tp=2", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2", "qwen3@tp=2+late",
-        "vit@tp=2", "bert@tp=2", "mistral@tp=2", "gemma@tp=2", "falcon@tp=2", "qwen2_moe@tp=2", "bart@tp=2"]
-RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+inductor"]
+        "vit@tp=2", "bert@tp=2", "mistral@tp=2", "gemma@tp=2", "falcon@tp=2", "qwen2_moe@tp=2", "bart@tp=2",
+        "t5@tp=2", "gpt2@tp=2"]
+# llama@dp=2,tp=2: its mask (made under Dynamo, replicated) gathers q/k/v over dp at CPU attention
+RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+inductor", "llama@dp=2,tp=2"]
 
 # A run that must fail with a one-line error, on every rank, not hang, rides at the end of a launch of
 # its size: dp=2 on 4 ranks, a ConfigError naming the mismatch.

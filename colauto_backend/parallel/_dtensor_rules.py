@@ -2,8 +2,9 @@
 (`rule_kind`), which output placements and input redistributions it would choose (`propagate`), which
 ops of an aten graph it has no rule for (`uncovered`), and the rule colauto gives those: run replicated
 (`run_replicated`: every tensor input redistributed to Replicate, the op run whole on each rank, its
-outputs Replicate). The one place colauto reads DTensor's private sharding-propagation registries
-(torch 2.11-2.13); a torch upgrade edits this file."""
+outputs Replicate), and a redistributed local tensor laid out as its global strides say
+(`keep_local_layout`). The one place colauto reads DTensor's private sharding-propagation registries and
+redistribution (torch 2.11-2.13); a torch upgrade edits this file."""
 from __future__ import annotations
 
 import functools
@@ -256,3 +257,58 @@ def _decomposes(op: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
     except NotImplementedError:
         return False
     return True
+
+
+# DTensor modules that call redistribute_local_tensor by a name of their own
+_REDISTRIBUTE_USERS = ("torch.distributed.tensor._redistribute", "torch.distributed.tensor._dispatch",
+                       "torch.distributed.tensor._api")
+
+
+def keep_local_layout() -> None:
+    """From now on, a redistributed DTensor's local tensor is laid out as its global metadata says
+    (a copy where the collective made it otherwise). DTensor keeps a redistributed tensor's global
+    strides (those of the tensor before), but its collectives return their results contiguous: an
+    attention query laid out [batch, seq, heads, dim] behind its [batch, heads, seq, dim] shape comes
+    back from an all-gather contiguous in the latter. Ops that lay their output out like their input (CPU
+    flash attention, elementwise ops) then give a local tensor whose layout differs from the global
+    strides DTensor computes for their output from the tensor before redistribution, and a later
+    `reshape`, which DTensor decides from the global strides, becomes a `view` the local tensor cannot
+    take ("Cannot view a tensor with shape ..."): HF attention's `transpose(1, 2).reshape(...)` after a
+    query gathered over one mesh axis (Llama under dp x tp, its mask replicated) or moved from heads to
+    batch (T5's replicated position bias under tp)."""
+    import importlib
+    for name in _REDISTRIBUTE_USERS:
+        module = importlib.import_module(name)
+        fn = module.redistribute_local_tensor
+        if getattr(fn, "_colauto_keeps_layout", False):
+            continue
+        module.redistribute_local_tensor = _keeping_layout(fn)
+
+
+def _keeping_layout(redistribute):
+    @functools.wraps(redistribute)
+    def wrapper(local_tensor, current_spec, target_spec, *args, **kwargs):
+        out = redistribute(local_tensor, current_spec, target_spec, *args, **kwargs)
+        meta = target_spec.tensor_meta or current_spec.tensor_meta
+        if out is local_tensor or meta is None or not isinstance(out, torch.Tensor):
+            return out
+        return laid_out_as(out, meta.stride)
+    wrapper._colauto_keeps_layout = True
+    return wrapper
+
+
+def laid_out_as(t: torch.Tensor, stride) -> torch.Tensor:
+    """`t`, copied where needed so that its dims are laid out in the order `stride` (a tensor of the same
+    rank, e.g. `t`'s global strides) lays them out: `t` itself where they already are (dims of size one
+    and a `stride` with zeros, an expanded tensor's, are not compared)."""
+    if t.dim() < 2 or len(stride) != t.dim() or any(s == 0 for s in stride):
+        return t
+    order = sorted(range(t.dim()), key=lambda d: -stride[d])          # outermost first; ties keep dim order
+    expected, step = [0] * t.dim(), 1
+    for d in reversed(order):
+        expected[d] = step
+        step *= t.shape[d]
+    if all(t.shape[d] == 1 or t.stride(d) == expected[d] for d in range(t.dim())):
+        return t
+    inverse = sorted(range(t.dim()), key=order.__getitem__)
+    return t.permute(order).contiguous().permute(inverse)

@@ -18,6 +18,7 @@ gradient reductions (the backward of each gather or replicate).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 import warnings
 import weakref
@@ -57,6 +58,7 @@ class Sharded:
         self.roles = [r for r, _ in plan.axes]
         self.dparam: dict[int, DTensor] = {}          # id(original tensor) -> its DTensor replacement
         self.grad_fallbacks = 0                        # gradients that arrived in another placement
+        self.held: list[DTensor] = []                  # this forward's compiled graphs' outputs (holding_outputs)
         self.done = False
         # No tensor parallelism: every layer computes on full parameters. A parameter read gives a plain
         # tensor (gathered; its gradient each rank's part, averaged back into the shard), and the user's
@@ -71,6 +73,7 @@ class Sharded:
             # tp activations are DTensors: a plain tensor the model makes in forward (positions from
             # arange, a rotary table from a buffer) is the same on every rank, i.e. replicated
             compat.allow_implicit_replication()
+            _dtensor_rules.keep_local_layout()   # a gathered query keeps its layout (HF attention's reshape)
             for name in self.plan.predicted.get("replicated_ops", ()):   # no DTensor rule: run whole
                 _dtensor_rules.run_replicated(_dtensor_rules.op_named(name))
                 REPLICATED_OPS[name] += 1
@@ -197,11 +200,23 @@ class Sharded:
     # Hooks run eagerly: traced by Dynamo they would become graphs of their own.
     @torch.compiler.disable
     def _inputs_hook(self, module, args, kwargs):
+        self.held.clear()
         return tree_map(self.to_input, args), tree_map(self.to_input, kwargs)
 
     @torch.compiler.disable
     def _outputs_hook(self, module, args, output):
-        return tree_map(self.to_output, _tie_to_loss(output))
+        held, self.held = self.held, []
+        return tree_map(self.to_output, _tie_to_loss(output, held))
+
+    def holding_outputs(self, compiled: Callable) -> Callable:
+        """`compiled` (a graph of this module's re-trace), whose DTensor outputs that need gradients are
+        held until the module's forward returns, to be tied to its loss (`_tie_to_loss`)."""
+        def run(*args):
+            out = compiled(*args)
+            self.held.extend(t for t in tree_flatten(out)[0] if isinstance(t, DTensor) and t.requires_grad)
+            return out
+        functools.update_wrapper(run, compiled)      # keeps `_boxed_call`
+        return run
 
     def compute_placements(self, fqn: str) -> list:
         """Where the graph uses parameter `fqn`."""
@@ -240,20 +255,28 @@ def plain_read(d: DTensor, mesh, placements: list) -> torch.Tensor:
     return d.redistribute(mesh, placements).to_local(grad_placements=[Partial("avg")] * len(placements))
 
 
-def _tie_to_loss(output):
+def _tie_to_loss(output, held: list | None = None):
     """A model that returns its loss and other outputs that need gradients (a transformers ModelOutput:
     loss and logits) but whose script backpropagates the loss alone: AOTAutograd's compiled graph then
-    gets no gradient for those DTensor outputs and cannot make one of the right type. Adding zero times
-    each one's sum to the loss gives each a (zero) DTensor gradient; the loss's value is unchanged."""
+    gets no gradient for those DTensor outputs and cannot make one of the right type (autograd makes the
+    missing one a plain zero tensor, which AOTAutograd refuses: "Expected a DTensor tangent but got a
+    plain Tensor"). Adding zero times each one's sum to the loss gives each a (zero) DTensor gradient;
+    the loss's value is unchanged. `held`: the DTensor outputs of the forward's compiled graphs
+    (`Sharded.held`), tied the same way: a graph before a graph break returns what the code after the
+    break still holds, which the loss may never use (GPT-2's last hidden state, held across the break
+    in its loss function's logging)."""
     leaves, spec = tree_flatten(output)
     dts = [i for i, t in enumerate(leaves) if isinstance(t, DTensor) and t.requires_grad]
     losses = [i for i in dts if leaves[i].dim() == 0]
-    if len(losses) != 1 or len(dts) < 2:
+    if len(losses) != 1:
+        return output
+    ids = {id(leaves[i]) for i in dts}
+    extra = [t for t in held or () if t.requires_grad and id(t) not in ids]
+    if len(dts) < 2 and not extra:
         return output
     loss = leaves[losses[0]]
-    for i in dts:
-        if i != losses[0]:
-            loss = loss + leaves[i].sum() * 0.0
+    for t in [leaves[i] for i in dts if i != losses[0]] + extra:
+        loss = loss + t.sum() * 0.0
     leaves[losses[0]] = loss
     return tree_unflatten(leaves, spec)
 

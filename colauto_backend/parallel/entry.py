@@ -52,8 +52,10 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
             plain = owner is not None and owner.plain
             # each rank's graphs are compiled (and rematerialized) under the budget the plan was made for
             budget = _planned_budget(owner.plan) if owner is not None else None
-            _COMPILED[key] = make_local(data.DataParallel.world_group(reduce_grads=False) if plain else None,
-                                        budget)(gm, example_inputs)
+            compiled = make_local(data.DataParallel.world_group(reduce_grads=False) if plain else None,
+                                  budget)(gm, example_inputs)
+            # with tp, its DTensor outputs are tied to the module's loss (a graph break's can go unused)
+            _COMPILED[key] = compiled if owner is None or plain else owner.holding_outputs(compiled)
         return _COMPILED[key]
     candidates = mesh.candidates(config.mesh, mesh.world_size())  # a COLAUTO_MESH that cannot fit: say so first
     mesh.ensure_process_group()
