@@ -123,7 +123,7 @@ def inductor_decompositions() -> dict:
     return table
 
 
-def decomposed_for_inductor(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def decomposed_for_inductor(gm: torch.fx.GraphModule, inline: Callable | None = None) -> tuple[torch.fx.GraphModule, int]:
     """`gm` re-traced through Inductor's decomposition table, at its placeholders' example values (fake
     tensors and their symbolic sizes), as Inductor's own trace would leave it. A graph partitioned without
     that table (codegen triton) holds ops that Inductor lowers only decomposed (aten.arange.default, the
@@ -131,7 +131,10 @@ def decomposed_for_inductor(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     runs as fallback kernels. Then, as Inductor's joint passes do: random ops (dropout's `rand`, which
     appears only once `native_dropout` is decomposed) become Inductor's seeded ones, which it lowers;
     and the placeholders keep their names (`primals_*`, `tangents_*`: Inductor and CUDA graph trees read
-    which inputs are static from them)."""
+    which inputs are static from them). `inline(target, args)`: for a call the re-trace should trace
+    into rather than keep, the body to trace (colauto's kernels: their `wrap_triton` launches become
+    Inductor's user-defined Triton kernel calls), else None. Returns the graph and how many calls were
+    traced into."""
     from torch._guards import detect_fake_mode
     from torch._inductor.fx_passes.replace_random import replace_random_passes
     from torch._inductor.virtualized import V
@@ -139,8 +142,18 @@ def decomposed_for_inductor(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     examples = [n.meta["val"] for n in placeholders]
     fake_mode = detect_fake_mode(examples)
+    inlined = 0
+
+    class Inlining(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):
+            nonlocal inlined
+            body = inline(target, args[0]) if inline is not None and args and isinstance(args[0], list) else None
+            if body is None:
+                return super().call_function(target, args, kwargs)
+            inlined += 1
+            return body(*args, **kwargs)
     with fake_mode:
-        out = make_fx(torch.fx.Interpreter(gm).run, decomposition_table=inductor_decompositions())(*examples)
+        out = make_fx(Inlining(gm).run, decomposition_table=inductor_decompositions())(*examples)
     with V.set_fake_mode(fake_mode):
         replace_random_passes(out)
     # copied into a graph whose placeholders take the old names first (the saved activations a backward
@@ -152,7 +165,7 @@ def decomposed_for_inductor(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in out.graph.nodes:
         if node.op != "placeholder":
             env[node] = graph.node_copy(node, env.__getitem__)
-    return torch.fx.GraphModule(out, graph)
+    return torch.fx.GraphModule(out, graph), inlined
 
 
 def _importing_lowering(fn: Callable) -> Callable:

@@ -207,11 +207,11 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False)
             # where Inductor compiles the rest, it fuses the lone ops itself)
             done = fusion.fuse(gm, lone_ops=not inductor and recorder is not None and reason is None)
             kind = "inference" if is_inference else "backward" if is_backward else "forward"
+            if inductor:   # Inductor launches the kernels from its wrapper where it can (fusion.traceable)
+                gm, done.wrapped = compat.decomposed_for_inductor(gm, inline=fusion.traceable)
+                REST_BY_INDUCTOR[kind] += 1
             report.emit_fusion(dataclasses.asdict(done) | {"graph": kind, "rest": "inductor" if inductor else "aten"},
                                config.report)
-            if inductor:
-                gm = compat.decomposed_for_inductor(gm)
-                REST_BY_INDUCTOR[kind] += 1
         if inductor:
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
                                           num_user_outputs=user_outputs)

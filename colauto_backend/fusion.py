@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import operator
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -38,6 +38,7 @@ FALLBACKS = counters.counter("fusion fallbacks")   # regions run as aten after t
 _OPS: dict[str, object] = {}  # custom op name -> op, defined once per process
 _PLANS: dict[tuple, bool] = {}  # (region code, input sizes/strides/dtypes/devices) -> whether it plans
 _LIB = None
+_TRACEABLE: dict[object, Callable] = {}   # custom op -> its body as Inductor may trace it (`traceable`)
 
 
 @dataclasses.dataclass
@@ -49,6 +50,7 @@ class Fusion:
     kernels: list[str] = dataclasses.field(default_factory=list)   # custom op names
     unavailable: str | None = None    # why nothing was fused (Triton cannot run here)
     rotations: int = 0                # RoPE half-rotation cats rewritten as pointwise ops (rotate_halves)
+    wrapped: int = 0                  # calls Inductor launches from its own wrapper (`traceable`)
 
     def add(self, region: list[fx.Node], name: str, saved: int) -> None:
         self.regions += 1
@@ -266,34 +268,53 @@ def _nbytes(val) -> int:
 
 
 def _custom_op(graph: fx.Graph):
-    """The custom op running this region's kernel; one per distinct region code in the process."""
+    """The custom op running this region's kernel; one per distinct region code in the process. Its
+    call launches the kernel directly from Python (aten codegen, CUDA graphs, Triton's interpreter);
+    `traceable` gives Inductor a body to trace instead, which launches it from Inductor's wrapper."""
     global _LIB
     module = fx.GraphModule(torch.nn.Module(), graph)
     name = "fused_" + hashlib.sha256(_canonical(graph).encode()).hexdigest()[:16]
-    if name not in _OPS:
-        if _LIB is None:
-            _LIB = torch.library.Library("colauto", "FRAGMENT")
-        _LIB.define(f"{name}(Tensor[] inputs) -> Tensor[]")
-        kernel = triton_kernels.FusedRegion(graph)
-        refused: set[tuple] = set()           # input signatures the generator refused
+    if name in _OPS:
+        return _OPS[name], name
+    if _LIB is None:
+        _LIB = torch.library.Library("colauto", "FRAGMENT")
+    _LIB.define(f"{name}(Tensor[] inputs) -> Tensor[]")
+    kernel = triton_kernels.FusedRegion(graph)
+    refused: set[tuple] = set()           # input signatures the generator refused
 
-        def signature(inputs) -> tuple:
-            return tuple((t.dtype, t.device, t.shape, t.stride()) for t in inputs)
+    def signature(inputs) -> tuple:
+        return tuple((t.dtype, t.device, t.shape, t.stride()) for t in inputs)
 
-        def run(inputs):
-            if not refused or signature(inputs) not in refused:     # the per-call path: no work when none are
-                try:
-                    return list(kernel(*inputs))
-                except NotFusible as exc:       # a signature the example shapes did not show
-                    refused.add(signature(inputs))
-                    FALLBACKS[str(exc)] += 1
-                    report.warn_once(f"colauto: a fused region runs as aten ops: {exc}")
-            return _unaliased(_as_list(module(*inputs)), inputs)
-        _LIB.impl(name, run, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"colauto::{name}", lib=_LIB)(
-            lambda inputs: _unaliased(_as_list(module(*inputs)), inputs))
-        _OPS[name] = getattr(torch.ops.colauto, name).default
-    return _OPS[name], name
+    def attempt(inputs, launch):
+        if not refused or signature(inputs) not in refused:     # the per-call path: no work when none are
+            try:
+                return list(launch(inputs))
+            except NotFusible as exc:       # a signature the example shapes did not show
+                refused.add(signature(inputs))
+                FALLBACKS[str(exc)] += 1
+                report.warn_once(f"colauto: a fused region runs as aten ops: {exc}")
+        return _unaliased(_as_list(module(*inputs)), inputs)
+
+    _LIB.impl(name, lambda inputs: attempt(inputs, lambda ts: kernel(*ts)), "CompositeExplicitAutograd")
+    torch.library.register_fake(f"colauto::{name}", lib=_LIB)(
+        lambda inputs: _unaliased(_as_list(module(*inputs)), inputs))
+    _OPS[name] = op = getattr(torch.ops.colauto, name).default
+    _TRACEABLE[op] = lambda inputs: attempt(inputs, lambda ts: kernel.run_wrapped(ts, torch.library.wrap_triton))
+    return op, name
+
+
+def traceable(target, inputs: list) -> Callable | None:
+    """For a call of a colauto kernel op with these (fake) inputs, a body that Inductor can trace in its
+    place: the kernel launched through torch's `wrap_triton` (Inductor's user-defined-kernel path: its
+    generated wrapper launches it, no Python call per step), or the region's aten ops where the generator
+    refuses the signature. None for any other target, under Triton's interpreter (Inductor launches
+    Triton on GPUs only), and for symbolic sizes (the launch is planned for fixed ones)."""
+    body = _TRACEABLE.get(target)
+    if body is None or triton_kernels.interpreting():
+        return None
+    if any(isinstance(s, torch.SymInt) for t in inputs for s in (*t.shape, *t.stride())):
+        return None
+    return body
 
 
 def _canonical(graph: fx.Graph) -> str:

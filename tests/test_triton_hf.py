@@ -212,10 +212,10 @@ def test_inductor_rest_runs_dropout_and_keeps_input_names(monkeypatch):
     seen = []
     real = compat.decomposed_for_inductor
 
-    def spy(gm):
-        out = real(gm)
+    def spy(gm, **kwargs):
+        out = real(gm, **kwargs)
         seen.append(([n.name for n in gm.graph.nodes if n.op == "placeholder"],
-                     [n.name for n in out.graph.nodes if n.op == "placeholder"]))
+                     [n.name for n in out[0].graph.nodes if n.op == "placeholder"]))
         return out
     monkeypatch.setattr(compat, "decomposed_for_inductor", spy)
     model, ref, kw = _models("gpt2", 2, 32)
@@ -230,3 +230,23 @@ def test_inductor_rest_runs_dropout_and_keeps_input_names(monkeypatch):
     assert any(not torch.allclose(grads[k], ref_grads[k], atol=1e-4) for k in grads), "dropout changed nothing"
     assert seen and all(before == after for before, after in seen), seen
     assert any(name.startswith("tangents") for before, _ in seen for name in before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor launches user Triton kernels on CUDA only")
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_inductor_launches_colauto_kernels_from_its_wrapper(name):
+    """On CUDA, where Inductor compiles the rest, its re-trace traces into colauto's kernel ops
+    (fusion.traceable): Inductor's generated code holds their Triton source and launches them itself,
+    no line of it calls a fused-region op from Python (the fused loss's own ops stay calls), and
+    training equals eager."""
+    from torch._inductor.utils import run_and_get_code
+    model, ref, kw = _models(name, 2, 32)
+    model, ref = model.cuda(), ref.cuda()
+    kw = {k: v.cuda() for k, v in kw.items()}
+    compiled = torch.compile(model, backend="colauto", options={"codegen": "triton"})
+    got, code = run_and_get_code(lambda: _step(model, kw, compiled))
+    assert_same(got, _step(ref, kw, ref), ATOL)
+    code = "\n".join(code)
+    assert "def colauto_" in code, "no colauto kernel in Inductor's code"
+    calls = [line for line in code.splitlines() if "torch.ops.colauto.fused_" in line and not line.lstrip().startswith("#")]
+    assert not calls, calls[:3]

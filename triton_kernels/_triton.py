@@ -79,6 +79,21 @@ def launcher(compiled, grid):
     return compiled[tuple(grid) + (1,) * (3 - len(grid))]
 
 
+def outside_tracing():
+    """A context in which no tracing or fake mode is active (torch's dispatch modes set aside): a kernel
+    planned while Inductor traces a custom op (fake inputs) is planned and autotuned here, on real
+    tensors of the same signature (`real_like`)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    return _disable_current_modes()
+
+
+def real_like(tensors) -> list:
+    """Uninitialized real tensors with the sizes, strides, dtypes and devices of `tensors` (call it
+    `outside_tracing`)."""
+    return [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+            if isinstance(t, torch.Tensor) else t for t in tensors]
+
+
 def load_module(path: Path, name: str) -> ModuleType:
     """Import a generated kernel file. @triton.jit reads the function's source back from the file."""
     spec = importlib.util.spec_from_file_location(name, path)

@@ -60,12 +60,20 @@ class FusedRegion:
         return self.launch_for(tensors).run(tensors)
 
     def launch_for(self, tensors) -> Launch:
+        """The planned launch for these inputs' signature. Inputs may be fake (a trace of the call):
+        planning and autotuning then run on real tensors of the same signature."""
         signature = tuple((t.dtype, t.device, t.shape, t.stride()) if isinstance(t, torch.Tensor) else type(t)
                           for t in tensors)
         launch = self._launches.get(signature)
         if launch is None:
-            launch = self._launches[signature] = _plan(self.graph, list(tensors), self.tuning)
+            with _triton.outside_tracing():
+                launch = self._launches[signature] = _plan(self.graph, _triton.real_like(tensors), self.tuning)
         return launch
+
+    def run_wrapped(self, tensors, wrap_triton) -> tuple[torch.Tensor, ...]:
+        """As a call, but launched through torch's `wrap_triton`: the body of a `torch.library.triton_op`,
+        which Inductor traces and launches from its own wrapper."""
+        return self.launch_for(tensors).run_wrapped(tensors, wrap_triton)
 
 
 def _plan(graph: fx.Graph, tensors: list, tuning: Tuning | None) -> Launch:

@@ -52,6 +52,19 @@ class Launch:
                 compiled = self.kernel[self.grid](*tensors, *outs, *self.scalars, **self.constexprs,
                                                   num_warps=self.num_warps)
                 self._direct, self._aligned = _triton.launcher(compiled, self.grid), aligned
+        return self._returned(tensors, outs)
+
+    def run_wrapped(self, tensors, wrap_triton: Callable) -> tuple[torch.Tensor, ...]:
+        """`run` through torch's `wrap_triton` (inside a `torch.library.triton_op`): traceable, so
+        Inductor launches the kernel from its generated wrapper, as it does its own."""
+        device = tensors[0].device
+        outs = [torch.empty_strided(shape, stride, dtype=dtype, device=device) for shape, stride, dtype in self.allocs]
+        if self.grid[0]:
+            wrap_triton(self.kernel)[self.grid](*tensors, *outs, *self.scalars, **self.constexprs,
+                                                num_warps=self.num_warps)
+        return self._returned(tensors, outs)
+
+    def _returned(self, tensors, outs) -> tuple[torch.Tensor, ...]:
         if self.finish is not None:
             outs = self.finish(outs)
         result = [tensors[r.index] if r.kind == "in" else outs[r.index] for r in self.outputs]
