@@ -26,7 +26,9 @@ RUNS_2 = ([f"{m}@dp=2" + ("+ckpt" if m == "llama" else "") for m in CAUSAL]
              "llama@dp=2+inductor", "qwen2_moe@dp=2+inductor", "t5@dp=2+inductor", "vit@dp=2+inductor"])
 # fsdp: parameters sharded (DTensor state dict), gathered at each read as plain tensors
 FSDP_2 = ["llama@fsdp=2+late+ckpt", "qwen2@fsdp=2+inductor", "gpt2@fsdp=2", "t5@fsdp=2", "qwen2_moe@fsdp=2",
-          "vit@fsdp=2", "bart@fsdp=2+renamed", "falcon@auto", "llama@auto"]
+          "vit@fsdp=2", "bart@fsdp=2+renamed", "qwen3@fsdp=2", "mistral@fsdp=2", "gemma@fsdp=2", "phi3@fsdp=2",
+          "gpt_neox@fsdp=2", "opt@fsdp=2", "falcon@auto", "llama@auto", "qwen2_moe@auto", "t5@auto", "vit@auto",
+          "gpt2@auto"]
 # +tight: a budget only the sharded plan fits (the first call, one step on the gathered parameters, is
 # outside the plan and must not be held to it); it rides in TP_2's launch (FSDP_2's checks that each
 # plan is announced once, and this plan is llama@fsdp=2's)
