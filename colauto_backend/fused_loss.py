@@ -21,6 +21,10 @@ import triton_kernels
 from triton_kernels import cross_entropy as ce
 
 aten = torch.ops.aten
+# The ops `rewrite` matches: a trace that decomposes (Inductor's table, where Inductor compiles the rest)
+# keeps these whole, so the loss is found; what is not rewritten is decomposed by Inductor's re-trace.
+MATCHED = (aten._log_softmax.default, aten._log_softmax_backward_data.default, aten.nll_loss_forward.default,
+           aten.nll_loss_backward.default)
 
 
 @torch.library.custom_op("colauto::cross_entropy_fwd", mutates_args=())
@@ -64,7 +68,9 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
         return 0
     if logits_val.device.type != "cuda" and not triton_kernels.interpreting():
         return 0       # compiled Triton kernels need CUDA tensors
-    readers = [u for u in lp.users if u.target is not aten.detach.default]
+    # the backward reads lp through detaches (aten's trace) or directly (Inductor's table drops them)
+    direct = [u for u in lp.users if u.target is aten._log_softmax_backward_data.default]
+    readers = [u for u in lp.users if u.target is not aten.detach.default and u not in direct]
     fwd = [u for u in readers if u.target is aten.nll_loss_forward.default]
     bwd = [u for u in readers if u.target is aten.nll_loss_backward.default]
     if len(fwd) != 1 or len(readers) != len(fwd) + len(bwd) or len(bwd) > 1:
@@ -82,6 +88,8 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
         if len(users) != 1 or users[0].target is not aten._log_softmax_backward_data.default:
             return 0
         grads = [bwd[0], users[0]]
+    if any(u not in grads for u in direct):
+        return 0
     if total is not None and any(u not in grads[:1] for u in total.users):
         return 0
     narrow = _narrow_source(logits, lp, grads)

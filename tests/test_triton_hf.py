@@ -250,3 +250,27 @@ def test_inductor_launches_colauto_kernels_from_its_wrapper(name):
     assert "def colauto_" in code, "no colauto kernel in Inductor's code"
     calls = [line for line in code.splitlines() if "torch.ops.colauto.fused_" in line and not line.lstrip().startswith("#")]
     assert not calls, calls[:3]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_inductor_rest_saves_no_more_than_inductor(name, monkeypatch):
+    """Where Inductor compiles the rest, the joint graph is traced with Inductor's decompositions (less
+    the ops colauto's fused loss, LayerNorm backward and casts match), so the partition saves for
+    backward what codegen inductor's (Inductor's own partition of Inductor's graph) saves, or less:
+    traced with aten's ops, GPT-2 saved its GELU's tanh and the qkv transposes on top (22% above
+    Inductor's peak on GPT-2 large, one H200). The fused loss still replaces the cross-entropy, and
+    training equals eager."""
+    from colauto_backend import fused_loss
+    monkeypatch.setattr(backend_mod, "rest_by_inductor", lambda inputs: True)
+    rewrites = []
+    real = fused_loss.rewrite
+    monkeypatch.setattr(fused_loss, "rewrite", lambda joint: rewrites.append(real(joint)) or rewrites[-1])
+    saved = {}
+    for codegen in ("inductor", "triton"):
+        torch._dynamo.reset()
+        ANALYSES.clear()
+        model, ref, kw = _models(name, 4, 64)
+        _assert_matches(model, ref, kw, torch.compile(model, backend="colauto", options={"codegen": codegen}))
+        saved[codegen] = sum(a.evaluate(a.hints)["saved_activation_bytes"] for a in ANALYSES)
+    assert 0 < saved["triton"] <= saved["inductor"], saved
+    assert sum(rewrites) >= 1, "the fused loss no longer matches"
