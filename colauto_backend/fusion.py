@@ -13,7 +13,8 @@ regions (all at once first, then one by one) and then regions that read what it 
 kept only if one call can compute it (every input ready before any outside reader runs: `_placeable`)
 and the generator plans it (checked on the example shapes, remembered by code and sizes). A region
 becomes one call of a torch custom op (`colauto::fused_<hash>`) placed where its last node was, or
-before the first outside reader that lies between its nodes. A region the generator refuses when it
+before the first outside reader that lies between its nodes; where Inductor compiles the graph
+afterwards, its re-trace traces into the call (`traceable`) and launches the kernel itself. A region the generator refuses when it
 first runs falls back to its aten ops, counted and warned about once: the step still computes the
 same thing.
 """
