@@ -19,7 +19,8 @@ WORKER = os.path.join(os.path.dirname(__file__), "ranks", "hf_worker.py")
 CAUSAL = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "gpt_neox", "opt", "falcon"]
 # gpt2 has a graph break (two graphs, each reducing its own gradients) and is compiled inside a module
 # whose forward calls itself `s`; vit's optimizer is created after the first call; llama's state dict
-# round-trips through torch.distributed.checkpoint (its run is llama@dp=2's, with the round trip after it).
+# round-trips through torch.distributed.checkpoint (its run is llama@dp=2's, with the round trip after it;
+# under fsdp and tp too, where the state dict holds DTensors).
 RUNS_2 = ([f"{m}@dp=2" + ("+ckpt" if m == "llama" else "") for m in CAUSAL]
           + ["gpt2@dp=2+renamed", "qwen2_moe@dp=2", "t5@dp=2", "bart@dp=2", "bert@dp=2", "roberta@dp=2",
              "vit@dp=2+late", "convnext@dp=2",
@@ -44,7 +45,7 @@ SHARDED_UNDER_BUDGET = "llama@fsdp=2+tight"
 # the first graph an output the loss never uses (its last hidden state): the forward's graph outputs are
 # tied to the loss (emit._tie_to_loss), else AOTAutograd's backward gets a plain zero for a DTensor tangent.
 # Qwen2-MoE and T5 run under codegen inductor (each about 35 s more than aten; under aten too, by hand).
-TP_2 = ["llama@tp=2", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2", "qwen3@tp=2+late",
+TP_2 = ["llama@tp=2+ckpt", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2", "qwen3@tp=2+late",
         "vit@tp=2", "bert@tp=2", "mistral@tp=2", "gemma@tp=2", "falcon@tp=2", "qwen2_moe@tp=2+inductor",
         "bart@tp=2", "t5@tp=2+inductor", "gpt2@tp=2"]
 # llama@dp=2,tp=2: its mask (made under Dynamo, replicated) gathers q/k/v over dp at CPU attention
