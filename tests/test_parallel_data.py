@@ -7,7 +7,7 @@ quarter) of the batch; the reference is eager single-process training on the who
 every rank (tests/ranks/hf_worker.py). fp32: losses equal within 1e-5, parameters after 3 AdamW steps
 within 1e-4, and every rank holds the same parameters. A launch's time is mostly compiling; starting its
 ranks costs about 8 CPU-seconds each (imports, process group, the first compile's warm-up), so a run
-whose error is the point (MESH_DOES_NOT_FIT) rides in a launch of its size.
+whose error is the point (TP_REFUSED, MESH_DOES_NOT_FIT) rides in a launch of its size.
 """
 import json
 import os
@@ -23,12 +23,12 @@ CAUSAL = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "gpt_neox", "op
 # under fsdp and tp too, where the state dict holds DTensors).
 RUNS_2 = ([f"{m}@dp=2" + ("+ckpt" if m == "llama" else "") for m in CAUSAL]
           + ["gpt2@dp=2+renamed", "qwen2_moe@dp=2", "t5@dp=2", "bart@dp=2", "bert@dp=2", "roberta@dp=2",
-             "vit@dp=2+late", "convnext@dp=2",
+             "vit@dp=2+late", "convnext@dp=2", "resnet@dp=2",
              "llama@dp=2+inductor", "qwen2_moe@dp=2+inductor", "t5@dp=2+inductor", "vit@dp=2+inductor"])
 # fsdp: parameters sharded (DTensor state dict), gathered at each read as plain tensors
 FSDP_2 = ["llama@fsdp=2+late+ckpt", "qwen2@fsdp=2+inductor", "gpt2@fsdp=2", "t5@fsdp=2", "qwen2_moe@fsdp=2",
           "vit@fsdp=2", "bart@fsdp=2+renamed", "qwen3@fsdp=2", "mistral@fsdp=2", "gemma@fsdp=2", "phi3@fsdp=2",
-          "gpt_neox@fsdp=2", "opt@fsdp=2", "falcon@auto", "llama@auto", "qwen2_moe@auto", "t5@auto", "vit@auto",
+          "gpt_neox@fsdp=2", "opt@fsdp=2", "resnet@fsdp=2", "resnet@auto", "falcon@auto", "llama@auto", "qwen2_moe@auto", "t5@auto", "vit@auto",
           "gpt2@auto"]
 # +tight: a budget only the sharded plan fits (the first call, one step on the gathered parameters, is
 # outside the plan and must not be held to it); it rides in TP_2's launch (FSDP_2's checks that each
@@ -51,8 +51,11 @@ TP_2 = ["llama@tp=2+ckpt", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "
 # llama@dp=2,tp=2: its mask (made under Dynamo, replicated) gathers q/k/v over dp at CPU attention
 RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+inductor", "llama@dp=2,tp=2"]
 
-# A run that must fail with a one-line error, on every rank, not hang, rides at the end of a launch of
-# its size: dp=2 on 4 ranks, a ConfigError naming the mismatch.
+# Runs that must fail with a one-line error, on every rank, not hang: each rides at the end of a launch
+# of its size. HF ResNet (BatchNorm, then convolutions) trained wrong under tp, so tp is refused for it
+# (_dtensor_rules.UNTRUSTED), naming the ops and the way out; dp=2 on 4 ranks: a ConfigError naming the
+# mismatch. (ResNet's reference, with BatchNorm, is its ranks' micro-batches: tests/ranks/hf_worker.py.)
+TP_REFUSED = "resnet@tp=2"
 MESH_DOES_NOT_FIT = "llama@dp=2"
 
 
@@ -114,10 +117,14 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
 
 
 def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
-    """TP_2 and SHARDED_UNDER_BUDGET train like one process (an op that cannot run replicated is refused
-    in one line: tests/test_dist_plan.py)."""
-    runs = [*TP_2, SHARDED_UNDER_BUDGET]
-    check(launch(tmp_path, 2, runs), runs)
+    """TP_2 and SHARDED_UNDER_BUDGET train like one process; tp forced on a BatchNorm model (TP_REFUSED)
+    is one line naming the ops (an op that cannot run replicated: tests/test_dist_plan.py)."""
+    runs = [*TP_2, SHARDED_UNDER_BUDGET, TP_REFUSED]
+    results = launch(tmp_path, 2, runs)
+    check(results, runs, expected_errors=(TP_REFUSED,))
+    for err in errors_of(results, TP_REFUSED):
+        assert err.startswith("ConfigError: COLAUTO_MESH: tensor parallelism cannot run"), err
+        assert "batch_norm" in err and "COLAUTO_MESH=fsdp=N" in err and "\n" not in err, err
 
 
 def test_four_processes_train_hf_models_like_one(tmp_path):

@@ -169,10 +169,10 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
             no_tp = [axes for axes in candidates if all(role != "tp" for role, _ in axes)]
             if not no_tp:
                 raise ConfigError(
-                    f"COLAUTO_MESH: DTensor has no sharding rule for {', '.join(refused)}, which this model's "
-                    "training step runs, and colauto cannot run it replicated (it mutates an input or takes a list "
-                    "of tensors), so tensor parallelism cannot run it: use dp or fsdp axes (COLAUTO_MESH=fsdp=N, or "
-                    "unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
+                    f"COLAUTO_MESH: tensor parallelism cannot run {', '.join(refused)}, which this model's training "
+                    "step runs (DTensor has no rule for it that colauto can use: it mutates an input, takes a list of "
+                    "tensors, or trains wrong under tp, as BatchNorm does): use dp or fsdp axes (COLAUTO_MESH=fsdp=N, "
+                    "or unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
             candidates = no_tp
         else:
             fallback = Replicated(tuple(fixed), sum(_input_bytes(n) for name in fixed for n in missing[name]))

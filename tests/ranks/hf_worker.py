@@ -76,7 +76,7 @@ def run(spec: str, args) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-        r = hf_zoo.loss_of(ref(**full))
+        r = reference_loss(ref, full, world)
         r.backward()
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
@@ -88,6 +88,16 @@ def run(spec: str, args) -> dict:
     if "ckpt" in flags:
         out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
     return out
+
+
+def reference_loss(ref, full: dict, world: int) -> torch.Tensor:
+    """The one-process loss of the global batch. With BatchNorm, each rank normalizes its micro-batch by
+    its own statistics (as DDP does): the reference is then the mean of the micro-batches' losses, each
+    run alone, whose gradient is the ranks' average."""
+    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in ref.modules()):
+        return hf_zoo.loss_of(ref(**full))
+    parts = [{k: v.chunk(world)[i] for k, v in full.items()} for i in range(world)]
+    return sum(hf_zoo.loss_of(ref(**part)) for part in parts) / world
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
