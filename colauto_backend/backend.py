@@ -198,8 +198,8 @@ def _decompositions(config: cfg.Config, inductor_rest: bool) -> dict:
 def rest_by_inductor(inputs: list) -> bool:
     """Under codegen triton, whether Inductor compiles what colauto's generated kernels leave: where
     Inductor emits Triton (CUDA, with Triton importable), so its generated wrapper fuses and launches the
-    rest and calls colauto's kernels as fallback kernels (still one Python custom-op call each). Run op
-    by op, the rest left HF models' steps host-bound: 0.46-0.94x Inductor's. On CPU, where Triton kernels
+    rest and, in graphs of static shapes, colauto's kernels too (`fusion.traceable`). Run op by op, the
+    rest left HF models' steps host-bound: 0.46-0.94x Inductor's. On CPU, where Triton kernels
     run in its interpreter, the rest runs as aten ops: Inductor's C++ would only add compile time."""
     import triton_kernels   # local import: needs triton_kernels only under codegen triton
     return (any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inputs)

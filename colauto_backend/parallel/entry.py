@@ -152,14 +152,14 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     with torch.enable_grad():    # plan for training, even when the first call is an evaluation
         analysis = analyze_only(config, gm, example_inputs)
     _register_rules()
-    checked = analysis.joint
-    if config.codegen == "inductor" and _dtensor_rules.uncovered(checked):
+    missing = _dtensor_rules.uncovered(analysis.joint)
+    if missing and config.codegen == "inductor":
         # DTensor runs the ops before Inductor's decompositions (those go to each rank's local graph):
         # check the graph without them
         with torch.enable_grad():
-            checked = analyze_only(dataclasses.replace(config, codegen="aten"), gm, example_inputs).joint
-    missing = _dtensor_rules.uncovered(checked)
-    fallback = Replicated()
+            missing = _dtensor_rules.uncovered(analyze_only(dataclasses.replace(config, codegen="aten"), gm,
+                                                            example_inputs).joint)
+    replicated_ops, replicated_bytes = (), 0     # ops a tp plan runs replicated, their inputs' bytes a step
     if missing and any(role == "tp" for axes in candidates for role, _ in axes):
         fixed = [name for name, nodes in missing.items() if _dtensor_rules.replicable(nodes[0].target)]
         refused = [name for name in missing if name not in fixed]
@@ -175,9 +175,10 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
                     "or unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
             candidates = no_tp
         else:
-            fallback = Replicated(tuple(fixed), sum(_input_bytes(n) for name in fixed for n in missing[name]))
+            replicated_ops = tuple(fixed)
+            replicated_bytes = sum(_input_bytes(n) for name in fixed for n in missing[name])
     tp_layout = lambda size: dataclasses.replace(strategy.tp_layout(gm, names, size),  # noqa: E731
-                                                 replicated_ops=fallback.ops, replicated_bytes=fallback.nbytes)
+                                                 replicated_ops=replicated_ops, replicated_bytes=replicated_bytes)
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
     if config.memory_budget is None:   # unset: leave room for NCCL's buffers and allocator fragmentation
@@ -192,14 +193,6 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
         except planner.BudgetError:
             pass        # data parallelism does not fit: weigh the sharded meshes too
     return pick(candidates)
-
-
-@dataclasses.dataclass(frozen=True)
-class Replicated:
-    """Ops DTensor has no sharding rule for, which a tensor-parallel plan runs replicated over tp
-    (_dtensor_rules.run_replicated), and the bytes of their tensor inputs a step gathers to do so."""
-    ops: tuple[str, ...] = ()
-    nbytes: int = 0
 
 
 def _input_bytes(node: fx.Node) -> int:
