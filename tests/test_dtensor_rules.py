@@ -369,3 +369,41 @@ def test_redistributed_local_keeps_its_global_layout(meshes, monkeypatch):
         assert rules.laid_out_as(mine, moved.stride()) is mine, (target, mine.stride())
         out = (moved * 2).transpose(1, 2).reshape(8, 16, -1)       # a view of the global layout
         assert out.shape == (8, 16, 64)
+
+
+# HF's attention masks: [B, 1, q, k] (broadcast over heads, Llama's), per head, and one for the whole batch
+MASKS = {"over_heads": (4, 1, 32, 32), "per_head": (4, 8, 32, 32), "whole_batch": (1, 1, 32, 32)}
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_fused_attention_masks_are_sliced_as_the_query_is(meshes, mask):
+    """CUDA's fused attention (run on meta tensors here) under dp x tp: q/k/v batch-sharded over dp and
+    head-sharded over tp, the mask made in forward (replicated). DTensor's own cuDNN rule has no entry for
+    the mask ("zip() argument 2 is shorter than argument 1": HF Llama 8B under dp=2,tp=2 on 4 H200s), and
+    its efficient-attention rule shards a mask that broadcasts over heads on heads, which drops the heads
+    strategy and gathers q/k/v over tp. With `shard_attention_masks`, q/k/v stay where they are and only
+    the mask moves: along each mesh dim it takes the query's Shard(d) where it has dim d whole, else stays
+    replicated (a local slice, no communication), in forward and in backward."""
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.experimental import implicit_replication
+    rules.shard_attention_masks()
+    mesh = meshes["2d"]
+    shape = MASKS[mask]
+    qs, rr = (Shard(0), Shard(1)), (Replicate(), Replicate())
+    want = tuple(Shard(d) if shape[d] > 1 else Replicate() for d in (0, 1))
+    q, m = T(4, 8, 32, 16, dtype=torch.bfloat16), T(*shape, dtype=torch.bool)
+    moved = ((3, rr, want),) if want != rr else ()
+    for op in (aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_efficient_attention.default):
+        got = rules.propagate(op, (q, q, q, m, True), {}, [qs, qs, qs, rr], mesh)
+        assert got.out[0] == qs and got.out[1] == qs, op
+        assert got.redistribute == moved, op
+    dq, dm = distribute_tensor(q, mesh, list(qs)), distribute_tensor(m, mesh, list(rr))
+    with implicit_replication():
+        o, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_cudnn_attention.default(dq, dq, dq, dm, True)
+        grads = aten._scaled_dot_product_cudnn_attention_backward.default(dq, dq, dq, dq, o, lse, seed, offset, dm,
+                                                                          cq, ck, mq, mk, 0.0, False)
+        assert [g.placements for g in grads] == [qs] * 3
+        o, lse, seed, offset = aten._scaled_dot_product_efficient_attention.default(dq, dq, dq, dm, True)
+        grads = aten._scaled_dot_product_efficient_attention_backward.default(
+            dq, dq, dq, dq, dm, o, lse, seed, offset, 0.0, [True, True, True, False])
+        assert [g.placements for g in grads[:3]] == [qs] * 3

@@ -2,8 +2,8 @@
 (`rule_kind`), which output placements and input redistributions it would choose (`propagate`), which
 ops of an aten graph it has no rule for (`uncovered`), and the rule colauto gives those: run replicated
 (`run_replicated`: every tensor input redistributed to Replicate, the op run whole on each rank, its
-outputs Replicate), and a redistributed local tensor laid out as its global strides say
-(`keep_local_layout`). The one place colauto reads DTensor's private sharding-propagation registries and
+outputs Replicate), a redistributed local tensor laid out as its global strides say
+(`keep_local_layout`), and masks of CUDA's fused attention placed by their shape (`shard_attention_masks`). The one place colauto reads DTensor's private sharding-propagation registries and
 redistribution (torch 2.11-2.13); a torch upgrade edits this file."""
 from __future__ import annotations
 
@@ -267,6 +267,71 @@ def _decomposes(op: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
     except NotImplementedError:
         return False
     return True
+
+
+# CUDA's fused attention ops that take a mask (attn_bias) positionally. DTensor's rules shard the mask as
+# the query (Shard(1) over heads), which a mask that broadcasts over heads ([B, 1, q, k], HF's) cannot be
+# (uneven: the heads strategy is dropped, and q/k/v are gathered over tp), and its cuDNN forward rule
+# has no mask entry at all (torch 2.11-2.13: "zip() argument 2 is shorter than argument 1", HF Llama
+# 8B under dp x tp on H200s).
+_MASKED_ATTENTION = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+                     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward")
+
+
+def shard_attention_masks() -> None:
+    """From now on, DTensor places the mask of CUDA's fused attention ops by its own shape: along each
+    mesh dim the mask takes the query's Shard(d) where it has that dim whole, and Replicate where it
+    broadcasts over it (size 1) or the query is replicated. The q/k/v and output placements stay DTensor's
+    own (its rule, asked without the mask). A mask that needs a gradient (efficient attention's
+    grad_input_mask) keeps DTensor's rule."""
+    d = _dtensor()
+    for name in _MASKED_ATTENTION:
+        op = getattr(torch.ops.aten, name).default
+        fn = d.prop.op_strategy_funcs.get(op)
+        if fn is None or getattr(fn, "_colauto_mask", False):
+            continue
+        d.prop.register_op_strategy(op, _mask_by_shape(op, fn), d.prop.op_to_schema_info.get(op))
+
+
+def _mask_by_shape(op: torch._ops.OpOverload, rule):
+    import dataclasses
+
+    from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
+    from torch.distributed.tensor._ops.utils import generate_redistribute_costs
+    from torch.distributed.tensor.placement_types import Shard
+    d = _dtensor()
+    names = [a.name for a in op._schema.arguments]
+    at, query = names.index("attn_bias"), names.index("query")
+    grad_mask = names.index("grad_input_mask") if "grad_input_mask" in names else None
+
+    def strategy(op_schema):
+        args = tuple(op_schema.args_schema)
+        bias = args[at] if len(args) > at else None
+        if (not isinstance(bias, OpStrategy)
+                or (grad_mask is not None and len(args) > grad_mask and len(args[grad_mask]) > 3 and args[grad_mask][3])):
+            return rule(op_schema)
+        without = rule(dataclasses.replace(op_schema, args_schema=args[:at] + (None,) + args[at + 1:]))
+        slot = sum(isinstance(a, OpStrategy) for a in args[:at])        # the mask's place among the tensor inputs
+        q_slot = sum(isinstance(a, OpStrategy) for a in args[:query])
+        given = bias.strategies[0].output_spec
+        shape = given.tensor_meta.shape
+        offset = 4 - len(shape)                                          # the mask's dims align from the right
+
+        def place(p):     # plain Shard only: a strided or partial query placement leaves the mask whole
+            if type(p) is not Shard or p.dim - offset < 0 or shape[p.dim - offset] == 1:
+                return d.Replicate()
+            return Shard(p.dim - offset)
+        out = []
+        for s in without.strategies:
+            specs = list(s.input_specs)
+            want = d.Spec(given.mesh, tuple(place(p) for p in specs[q_slot].placements), tensor_meta=given.tensor_meta)
+            specs.insert(slot, want)
+            costs = list(s.redistribute_cost or [])
+            costs.insert(slot, generate_redistribute_costs(bias, want))
+            out.append(OpSpec(s.output_specs, tuple(specs), costs))
+        return OpStrategy(out)
+    strategy._colauto_mask = True
+    return strategy
 
 
 # DTensor modules that call redistribute_local_tensor by a name of their own
