@@ -3,6 +3,7 @@ DTensor itself at runtime: each op runs on DTensors of a fake 4-rank process gro
 no values and no real communication), and the output placements and the redistributions DTensor records
 (DebugMode) must equal what `propagate` predicts; ops `uncovered` names must be the ones that raise."""
 import itertools
+from types import SimpleNamespace
 import random
 
 import pytest
@@ -407,3 +408,24 @@ def test_fused_attention_masks_are_sliced_as_the_query_is(meshes, mask):
         grads = aten._scaled_dot_product_efficient_attention_backward.default(
             dq, dq, dq, dq, dm, o, lse, seed, offset, 0.0, [True, True, True, False])
         assert [g.placements for g in grads[:3]] == [qs] * 3
+
+
+def test_padding_keeps_the_dims_it_does_not_pad_sharded(meshes):
+    """HF's loss pads the labels by one position (`F.pad(labels, (0, 1))`), labels batch-sharded over dp
+    and tp. Torch 2.11's constant_pad_nd rule is a one-dim stub (its redistribution planner fails with
+    "list index out of range" on a 2-D mesh: HF Llama 8B under dp=2,tp=2); `shard_padding` gives 2.11
+    torch 2.13's behaviour, and leaves 2.13's own rule in place: a dim the pad leaves alone stays
+    sharded, a padded one is gathered."""
+    from torch.distributed.tensor import distribute_tensor
+    rules.shard_padding()
+    labels = distribute_tensor(I(8, 64), meshes["2d"], [Shard(0), Shard(0)])
+    out = torch.nn.functional.pad(labels, (0, 1), value=-100)
+    assert out.placements == (Shard(0), Shard(0)) and out.shape == (8, 65) and out.to_local().shape == (2, 65)
+    out = torch.nn.functional.pad(labels, (0, 0, 1, 0), value=-100)         # pads dim 0, the sharded one
+    assert out.shape == (9, 64) and Shard(0) not in out.placements
+    # colauto's rule itself (what 2.11 runs): Replicate, or Shard(d) for each dim the pad leaves alone
+    spec = SimpleNamespace(shape=(8, 64, 16))
+    assert rules._padding(spec, [0, 1], -100) == [([Replicate()], [Replicate(), None, None]),
+                                                  ([Shard(0)], [Shard(0), None, None]),
+                                                  ([Shard(1)], [Shard(1), None, None])]
+    assert [o for o, _ in rules._padding(spec, [0, 0, 2, 0])] == [[Replicate()], [Shard(0)], [Shard(2)]]

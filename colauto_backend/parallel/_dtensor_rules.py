@@ -3,7 +3,8 @@
 ops of an aten graph it has no rule for (`uncovered`), and the rule colauto gives those: run replicated
 (`run_replicated`: every tensor input redistributed to Replicate, the op run whole on each rank, its
 outputs Replicate), a redistributed local tensor laid out as its global strides say
-(`keep_local_layout`), and masks of CUDA's fused attention placed by their shape (`shard_attention_masks`). The one place colauto reads DTensor's private sharding-propagation registries and
+(`keep_local_layout`), masks of CUDA's fused attention placed by their shape (`shard_attention_masks`), and
+padding sharded along the dims it leaves alone (`shard_padding`, torch 2.11's rule is a one-dim stub). The one place colauto reads DTensor's private sharding-propagation registries and
 redistribution (torch 2.11-2.13); a torch upgrade edits this file."""
 from __future__ import annotations
 
@@ -221,13 +222,12 @@ def run_replicated(op: torch._ops.OpOverload) -> None:
     gets a handler that runs the functional op so and writes the rank's part of the result back into
     the input: left to DTensor, the in-place op is decomposed into the functional one and a `copy_`
     into the gathered copy, and the write is silently lost (BART's `shift_tokens_right` under tp)."""
-    from torch.distributed.tensor.experimental import register_sharding
     if rule_kind(op) == "replicated":
         return
     if not replicable(op):
         raise ValueError(f"colauto: {op} mutates an input or takes or returns a list of tensors: it cannot be "
                          "run replicated by a generic rule")
-    register_sharding(op)(functools.partial(_replicate_all, len(op._schema.returns)))
+    _register_sharding(op, functools.partial(_replicate_all, len(op._schema.returns)))
     inplace = _inplace_variant(op)
     if inplace is not None and rule_kind(inplace) in (None, "decomposition"):
         _dtensor().dispatcher._custom_op_handlers[inplace] = functools.partial(_write_back, op)
@@ -267,6 +267,43 @@ def _decomposes(op: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
     except NotImplementedError:
         return False
     return True
+
+
+def shard_padding() -> None:
+    """constant_pad_nd (HF's loss pads the labels by one position): shard any dim that is not padded, as
+    torch 2.13's rule does. Torch 2.11's rule is a stub for one-dim meshes (every input Replicate): on a
+    2-D mesh DTensor's redistribution planner fails with "list index out of range" (HF Llama 8B's labels,
+    Shard(0) over dp and tp, on 4 H200s). Installed only where DTensor has no rule of its own for one mesh
+    dim (`op_single_dim_strategy_funcs`, torch 2.13)."""
+    op = torch.ops.aten.constant_pad_nd.default
+    fn = _dtensor().prop.op_strategy_funcs.get(op)
+    if op in _dtensor().prop.op_single_dim_strategy_funcs or getattr(fn, "args", (None,))[0] is _padding:
+        return
+    _register_sharding(op, _padding)
+
+
+def _register_sharding(op: torch._ops.OpOverload, rule) -> None:
+    """DTensor's register_sharding, with every non-tensor argument in the key of DTensor's propagation
+    cache. register_sharding keys it on the first int argument on: a SymInt[] such as constant_pad_nd's
+    `pad` was left out, and a second pad of the same tensor got the first one's output shape."""
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+    from torch.distributed.tensor.experimental import register_sharding
+    register_sharding(op)(rule)
+    arguments = op._schema.arguments
+    first = next((i for i, a in enumerate(arguments) if not a.kwarg_only and not _holds_tensor(a.type)), 100)
+    keys = [a.name for a in arguments if a.kwarg_only and not _holds_tensor(a.type)]
+    _dtensor().prop.op_to_schema_info[op] = RuntimeSchemaInfo(first, keys or None, needs_pytree=True)
+
+
+def _padding(x, pad, *rest, **kwargs) -> list:
+    """The placements of constant_pad_nd(x, pad, value): Replicate, or Shard(d) of input and output for
+    each dim d that `pad` leaves as it is (pad lists the last dim's two amounts first)."""
+    from torch.distributed.tensor import Replicate, Shard
+    ndim = len(x.shape)
+    padded = {ndim - 1 - i for i in range(len(pad) // 2) if pad[2 * i] != 0 or pad[2 * i + 1] != 0}
+    tail = [None] * (1 + len(rest) + len(kwargs))     # pad, value: no tensors
+    return [([Replicate()], [Replicate(), *tail])] + [([Shard(d)], [Shard(d), *tail])
+                                                     for d in range(ndim) if d not in padded]
 
 
 # CUDA's fused attention ops that take a mask (attn_bias) positionally. DTensor's rules shard the mask as

@@ -276,7 +276,10 @@ def _tie_to_loss(output, held: list | None = None):
         return output
     loss = leaves[losses[0]]
     for t in [leaves[i] for i in dts if i != losses[0]] + extra:
-        loss = loss + t.sum() * 0.0
+        # the zero replicated first (a scalar all-reduce): a sharded output's sum is Partial(sum), the
+        # loss's mean Partial(avg), and torch 2.11 cannot turn one into the other
+        zero = (t.sum() * 0.0).redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
+        loss = loss + zero
     leaves[losses[0]] = loss
     return tree_unflatten(leaves, spec)
 
