@@ -408,6 +408,12 @@ def test_fused_attention_masks_are_sliced_as_the_query_is(meshes, mask):
         grads = aten._scaled_dot_product_efficient_attention_backward.default(
             dq, dq, dq, dq, dm, o, lse, seed, offset, 0.0, [True, True, True, False])
         assert [g.placements for g in grads[:3]] == [qs] * 3
+        # a float mask that needs a gradient keeps DTensor's own rule; the choice reads grad_input_mask,
+        # which must key DTensor's cache (the same tensors with the other mask reused the first's rule)
+        bias = distribute_tensor(T(*shape), mesh, list(rr))
+        for needs in (False, True, False):
+            aten._scaled_dot_product_efficient_attention_backward.default(
+                dq, dq, dq, dq, bias, o, lse, seed, offset, 0.0, [True, True, True, needs])
 
 
 def test_padding_keeps_the_dims_it_does_not_pad_sharded(meshes):
@@ -429,3 +435,21 @@ def test_padding_keeps_the_dims_it_does_not_pad_sharded(meshes):
                                                   ([Shard(0)], [Shard(0), None, None]),
                                                   ([Shard(1)], [Shard(1), None, None])]
     assert [o for o, _ in rules._padding(spec, [0, 0, 2, 0])] == [[Replicate()], [Shard(0)], [Shard(2)]]
+
+
+def test_rules_colauto_registers_are_keyed_on_every_argument(meshes):
+    """DTensor caches a propagation by the arguments its RuntimeSchemaInfo names; register_sharding names
+    the first int argument on, which leaves out an int[] (constant_pad_nd's pad): a second call with
+    other sizes got the first call's output shape. Rules colauto registers are keyed on every non-tensor
+    argument and every keyword."""
+    @torch.library.custom_op("colauto_test::grow", mutates_args=())
+    def grow(x: torch.Tensor, extra: list[int]) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, extra[0]))
+
+    grow.register_fake(lambda x, extra: x.new_empty(*x.shape[:-1], x.shape[-1] + extra[0]))
+    op = torch.ops.colauto_test.grow.default
+    rules._register_sharding(op, lambda x, extra: [([Replicate()], [Replicate(), None]),
+                                                  ([Shard(0)], [Shard(0), None])])
+    (x,), _ = on_mesh((T(8, 16),), {}, [(Shard(0), Shard(0))], meshes["2d"])
+    assert op(x, [1]).shape == (8, 17)
+    assert op(x, [3]).shape == (8, 19)

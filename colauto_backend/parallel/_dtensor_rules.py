@@ -286,13 +286,21 @@ def _register_sharding(op: torch._ops.OpOverload, rule) -> None:
     """DTensor's register_sharding, with every non-tensor argument in the key of DTensor's propagation
     cache. register_sharding keys it on the first int argument on: a SymInt[] such as constant_pad_nd's
     `pad` was left out, and a second pad of the same tensor got the first one's output shape."""
-    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
     from torch.distributed.tensor.experimental import register_sharding
     register_sharding(op)(rule)
+    _dtensor().prop.op_to_schema_info[op] = _schema_info(op, needs_pytree=True)
+
+
+def _schema_info(op: torch._ops.OpOverload, needs_pytree: bool):
+    """A RuntimeSchemaInfo that keys DTensor's propagation cache on every argument from the first
+    positional one that is not a plain Tensor (an optional tensor's None counts by position) and on every
+    keyword-only one (torch 2.11 keys keyword arguments only by name, tensors included)."""
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
     arguments = op._schema.arguments
-    first = next((i for i, a in enumerate(arguments) if not a.kwarg_only and not _holds_tensor(a.type)), 100)
-    keys = [a.name for a in arguments if a.kwarg_only and not _holds_tensor(a.type)]
-    _dtensor().prop.op_to_schema_info[op] = RuntimeSchemaInfo(first, keys or None, needs_pytree=True)
+    tensor = torch.TensorType.get()
+    first = next((i for i, a in enumerate(arguments) if not a.kwarg_only and a.type != tensor), 100)
+    keys = [a.name for a in arguments if a.kwarg_only]
+    return RuntimeSchemaInfo(first, keys or None, needs_pytree=needs_pytree)
 
 
 def _padding(x, pad, *rest, **kwargs) -> list:
@@ -327,7 +335,10 @@ def shard_attention_masks() -> None:
         fn = d.prop.op_strategy_funcs.get(op)
         if fn is None or getattr(fn, "_colauto_mask", False):
             continue
-        d.prop.register_op_strategy(op, _mask_by_shape(op, fn), d.prop.op_to_schema_info.get(op))
+        # the rule reads grad_input_mask (efficient backward, which DTensor keys on tensors alone): every
+        # non-tensor argument keys the propagation cache
+        info = d.prop.op_to_schema_info.get(op) or _schema_info(op, needs_pytree=False)
+        d.prop.register_op_strategy(op, _mask_by_shape(op, fn), info)
 
 
 def _mask_by_shape(op: torch._ops.OpOverload, rule):

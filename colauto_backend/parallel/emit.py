@@ -276,12 +276,19 @@ def _tie_to_loss(output, held: list | None = None):
         return output
     loss = leaves[losses[0]]
     for t in [leaves[i] for i in dts if i != losses[0]] + extra:
-        # the zero replicated first (a scalar all-reduce): a sharded output's sum is Partial(sum), the
-        # loss's mean Partial(avg), and torch 2.11 cannot turn one into the other
-        zero = (t.sum() * 0.0).redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
-        loss = loss + zero
+        loss = loss + _zero_of(t)
     leaves[losses[0]] = loss
     return tree_unflatten(leaves, spec)
+
+
+def _zero_of(t: DTensor) -> DTensor:
+    """A replicated scalar zero whose gradient reaches `t` (as zeros), with no communication: made from
+    the rank's local part (a sharded output's sum would be Partial(sum), the loss's mean Partial(avg), and
+    torch 2.11 cannot turn one into the other), and selected by `where`, not multiplied by 0, so an inf
+    in `t` gives no NaN."""
+    local = t.to_local().sum()
+    zero = torch.where(torch.zeros((), dtype=torch.bool, device=local.device), local, torch.zeros_like(local))
+    return DTensor.from_local(zero, t.device_mesh, [Replicate()] * t.device_mesh.ndim, run_check=False)
 
 
 class _RankPart(torch.autograd.Function):
