@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import re
 from typing import Any, Callable
 
@@ -14,6 +15,8 @@ from torch._dynamo.exc import BackendCompilerFailed, ShortenTraceback
 from torch._functorch.partitioners import default_partition    # noqa: F401  (re-exported)
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.fx.experimental import _config as fx_config
+
+from . import counters
 
 
 class PassThroughError(ShortenTraceback):
@@ -273,9 +276,30 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
         passes = {k: v for k, v in (("bucket_all_reduces_fx", "all"), ("bucket_reduce_scatters_fx", "all"),
                                     ("bucket_all_gathers_fx", "all"), ("reorder_for_compute_comm_overlap", True))
                   if hasattr(inductor_config, k)}
+        if _BUCKETING_VIEWS and _all_reduces_a_conv_gradient(gm):
+            passes.pop("bucket_all_reduces_fx", None)
+            UNBUCKETED[_BUCKETING_VIEWS] += 1
     _register_fallbacks(gm)
     with inductor_config.patch(passes), _inductor_context(gm, example_inputs):   # as compile_fx calls it
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
+
+
+# torch 2.11's all-reduce bucketing flattens each input with view(-1) (2.13: reshape), which fails on
+# a convolution weight's gradient once Inductor lays the convolution out channels-last ("Cannot view a
+# tensor with shape [64, 3, 8, 8] and strides (192, 1, 24, 3)": HF ViT under dp, codegen inductor).
+_BUCKETING_VIEWS = ("torch 2.11's bucketing views convolution gradients" if torch.__version__ < "2.12" else "")
+UNBUCKETED = counters.counter("graphs whose all-reduces Inductor does not bucket")
+
+
+def _all_reduces_a_conv_gradient(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.all_reduce.default):
+        x = node.args[0]
+        while isinstance(x, torch.fx.Node) and x.target in (operator.getitem, torch.ops.aten.div.Tensor,
+                                                            torch.ops.aten.mul.Tensor):
+            x = x.args[0]
+        if isinstance(x, torch.fx.Node) and x.target is torch.ops.aten.convolution_backward.default:
+            return True
+    return False
 
 
 def _register_fallbacks(gm: torch.fx.GraphModule) -> None:

@@ -3,6 +3,7 @@ DTensor itself at runtime: each op runs on DTensors of a fake 4-rank process gro
 no values and no real communication), and the output placements and the redistributions DTensor records
 (DebugMode) must equal what `propagate` predicts; ops `uncovered` names must be the ones that raise."""
 import itertools
+import operator
 from types import SimpleNamespace
 import random
 
@@ -453,3 +454,23 @@ def test_rules_colauto_registers_are_keyed_on_every_argument(meshes):
     (x,), _ = on_mesh((T(8, 16),), {}, [(Shard(0), Shard(0))], meshes["2d"])
     assert op(x, [1]).shape == (8, 17)
     assert op(x, [3]).shape == (8, 19)
+
+
+def test_all_reduce_of_a_convolution_gradient_is_found():
+    """torch 2.11's all-reduce bucketing fails on a convolution weight's gradient that Inductor lays out
+    channels-last (HF ViT under dp, codegen inductor, on 2.11: "Cannot view a tensor with shape [64, 3,
+    8, 8] and strides (192, 1, 24, 3)"); there colauto leaves that graph's all-reduces unbucketed
+    (counted). The check finds such an all-reduce through getitem and the averaging division, and no
+    other."""
+    from colauto_backend import _torch_compat as compat
+    def graph(source):
+        g = torch.fx.Graph()
+        x, w = g.placeholder("x"), g.placeholder("w")
+        grads = g.call_function(source, (x, w))
+        grad = g.call_function(operator.getitem, (grads, 1)) if source is aten.convolution_backward.default else grads
+        avg = g.call_function(aten.div.Tensor, (grad, 2))
+        g.output(g.call_function(torch.ops._c10d_functional.all_reduce.default, (avg, "sum", "0")))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+    assert compat._all_reduces_a_conv_gradient(graph(aten.convolution_backward.default))
+    assert not compat._all_reduces_a_conv_gradient(graph(aten.mm.default))
+    assert bool(compat._BUCKETING_VIEWS) == (torch.__version__ < "2.12")
