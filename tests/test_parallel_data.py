@@ -12,6 +12,8 @@ whose error is the point (TP_REFUSED, MESH_DOES_NOT_FIT) rides in a launch of it
 import json
 import os
 
+import pytest
+
 from torchrun import torchrun
 
 WORKER = os.path.join(os.path.dirname(__file__), "ranks", "hf_worker.py")
@@ -56,6 +58,10 @@ RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+i
 # (_dtensor_rules.UNTRUSTED), naming the ops and the way out; dp=2 on 4 ranks: a ConfigError naming the
 # mismatch. (ResNet's reference, with BatchNorm, is its ranks' micro-batches: tests/ranks/hf_worker.py.)
 TP_REFUSED = "resnet@tp=2"
+# a graph break after the first decoder layer, the graph after it reading parameters: under a sharded plan
+# each graph's plan sharded the module's parameters again (OPT under transformers 5.17, a break in every
+# layer, failed or split gradients); now one line. Under dp the same model trains wrong: see the xfail below.
+BREAK_REFUSED = "llama@fsdp=2+break"
 MESH_DOES_NOT_FIT = "llama@dp=2"
 
 
@@ -104,16 +110,27 @@ def test_two_processes_train_hf_models_like_one(tmp_path):
 def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
     """FSDP_2 trains like one process, and without COLAUTO_REPORT each plan's mesh is one line, printed
     once (rank 0 only, not once a rank)."""
-    results, stdout = launch_with_output(tmp_path, 2, FSDP_2)
-    check(results, FSDP_2)
+    results, stdout = launch_with_output(tmp_path, 2, [*FSDP_2, BREAK_REFUSED])
+    check(results, FSDP_2 + [BREAK_REFUSED], expected_errors=(BREAK_REFUSED,))
+    for err in errors_of(results, BREAK_REFUSED):
+        assert err.startswith("ConfigError: colauto: a graph after a graph break reads parameters"), err
+        assert "remove the graph break" in err and "\n" not in err, err
     announced = [line for line in stdout.splitlines() if line.startswith("colauto: mesh ")]
     # once per distinct plan (a model's automatic plan may be its forced fsdp=2 plan), on rank 0 only
     assert len(set(announced)) == len(announced), announced
     assert len(announced) >= len({run.split("@")[0] for run in FSDP_2}), announced
     assert any(line.startswith("colauto: mesh fsdp=2, predicted ") for line in announced), announced
     for r in results[0]:
-        if "fsdp" in r["run"]:     # the module's state is sharded: DCP sees DTensors
+        if "fsdp" in r["run"] and r["run"] != BREAK_REFUSED:   # the module's state is sharded: DCP sees DTensors
             assert "DTensor" in r["state_kinds"], r
+
+
+@pytest.mark.xfail(strict=True, reason="known bug (2026-11-28): under dp a graph break after the first decoder "
+                   "layer leaves the embedding's gradient unreduced (each rank keeps its own: 1.33x the global "
+                   "one on tiny Llama), so training is silently wrong; not yet found")
+def test_data_parallel_with_a_graph_break_mid_model_trains_like_one(tmp_path):
+    runs = ["llama@dp=2+break"]
+    check(launch(tmp_path, 2, runs), runs)
 
 
 def test_tensor_parallel_trains_hf_models_like_one(tmp_path):

@@ -87,6 +87,16 @@ class Sharded:
 
     # -- parameters -------------------------------------------------------------------------------
     def _shard(self, root: nn.Module) -> None:
+        earlier = [fqn for fqn, p in root.named_parameters() if owner(p) is not None]
+        if earlier:
+            # A graph after a graph break that reads parameters an earlier graph's plan already sharded
+            # (transformers 5.17's OPT: a break in every decoder layer). Sharding them again split one
+            # parameter's gradient over two DTensors, and OPT under dp=2 trained silently wrong.
+            from ..config import ConfigError
+            raise ConfigError(f"colauto: a graph after a graph break reads parameters that an earlier graph's "
+                              f"parallel plan already sharded ({len(earlier)} of its module's, e.g. {earlier[0]}): several "
+                              "graphs over one module's parameters are not supported under a mesh yet; remove "
+                              "the graph break (TORCH_LOGS=graph_breaks names it) or train on one device")
         aliases: dict[int, list[str]] = {}
         for fqn, p in root.named_parameters(remove_duplicate=False):
             aliases.setdefault(id(p), []).append(fqn)

@@ -2,7 +2,8 @@
 every rank, each rank feeding its own micro-batch, against eager single-process training on the global
 batch (computed on every rank). Each run is NAME@MESH (MESH as COLAUTO_MESH, "auto" for the planner's
 choice); options after it: +late (the optimizer is created after the first call), +inductor (codegen
-inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +ckpt
+inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +break
+(a graph break after the first decoder layer), +ckpt
 (a torch.distributed.checkpoint round trip after training), +tight (a memory budget of 1.3 MB per rank,
 which the sharded plan fits but the whole model's parameters, gradients and AdamW state do not). Writes rank<r>.json with per run the losses,
 the reference losses, a checksum of the trained parameters, and the error if it failed.
@@ -64,6 +65,9 @@ def run(spec: str, args) -> dict:
     options = {"mesh": mesh, "codegen": "inductor" if "inductor" in flags else "aten"}
     if "tight" in flags:
         options["memory_budget"] = "1.3MB"
+    if "break" in flags:      # a graph break after the first decoder layer: the next graph reads parameters too
+        first = next(m for n, m in model.named_modules() if n.endswith("layers.0"))
+        first.register_forward_hook(lambda m, args, out: torch._dynamo.graph_break())
     compiled = torch.compile(Renamed(model) if "renamed" in flags else model, backend="colauto", options=options)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = None if "late" in flags else torch.optim.AdamW(model.parameters(), lr=1e-3)
