@@ -125,9 +125,10 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
             assert "DTensor" in r["state_kinds"], r
 
 
-@pytest.mark.xfail(strict=True, reason="known bug (2026-11-28): under dp a graph break after the first decoder "
-                   "layer leaves the embedding's gradient unreduced (each rank keeps its own: 1.33x the global "
-                   "one on tiny Llama), so training is silently wrong; not yet found")
+@pytest.mark.xfail(strict=True, reason="known bug (2026-11-28): a graph break inside a module's forward hook "
+                   "makes Dynamo run the embedding eagerly, outside every compiled graph, and under dp nothing "
+                   "averages the gradients of parameters used there (each rank keeps its own: 1.33x the global "
+                   "one on tiny Llama): training is silently wrong")
 def test_data_parallel_with_a_graph_break_mid_model_trains_like_one(tmp_path):
     runs = ["llama@dp=2+break"]
     check(launch(tmp_path, 2, runs), runs)
