@@ -12,8 +12,6 @@ whose error is the point (TP_REFUSED, MESH_DOES_NOT_FIT) rides in a launch of it
 import json
 import os
 
-import pytest
-
 from torchrun import torchrun
 
 WORKER = os.path.join(os.path.dirname(__file__), "ranks", "hf_worker.py")
@@ -60,8 +58,12 @@ RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+i
 TP_REFUSED = "resnet@tp=2"
 # a graph break after the first decoder layer, the graph after it reading parameters: under a sharded plan
 # each graph's plan sharded the module's parameters again (OPT under transformers 5.17, a break in every
-# layer, failed or split gradients); now one line. Under dp the same model trains wrong: see the xfail below.
+# layer, failed or split gradients); now one line.
 BREAK_REFUSED = "llama@fsdp=2+break"
+# the same break under dp: the graph break inside a forward hook makes Dynamo run the embedding eagerly,
+# outside every compiled graph, so nothing would average its gradient over the ranks (each rank kept its
+# own, 1.33x the global one, and trained silently wrong); now the backward fails in one line
+DP_EAGER_GRADIENT = "llama@dp=2+break"
 MESH_DOES_NOT_FIT = "llama@dp=2"
 
 
@@ -104,7 +106,15 @@ def check(results: list[list[dict]], runs: list[str], expected_errors: tuple[str
 
 
 def test_two_processes_train_hf_models_like_one(tmp_path):
-    check(launch(tmp_path, 2, RUNS_2), RUNS_2)
+    """RUNS_2 trains like one process; under dp a parameter whose gradient comes from code Dynamo ran
+    eagerly (DP_EAGER_GRADIENT) fails the backward in one line naming it, on every rank."""
+    runs = [*RUNS_2, DP_EAGER_GRADIENT]
+    results = launch(tmp_path, 2, runs)
+    check(results, runs, expected_errors=(DP_EAGER_GRADIENT,))
+    for err in errors_of(results, DP_EAGER_GRADIENT):
+        assert err.startswith("RuntimeError: colauto: the gradient of model.embed_tokens.weight comes from code "
+                              "that ran outside the compiled graphs"), err
+        assert "\n" not in err, err
 
 
 def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
@@ -123,15 +133,6 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
     for r in results[0]:
         if "fsdp" in r["run"] and r["run"] != BREAK_REFUSED:   # the module's state is sharded: DCP sees DTensors
             assert "DTensor" in r["state_kinds"], r
-
-
-@pytest.mark.xfail(strict=True, reason="known bug (2026-11-28): a graph break inside a module's forward hook "
-                   "makes Dynamo run the embedding eagerly, outside every compiled graph, and under dp nothing "
-                   "averages the gradients of parameters used there (each rank keeps its own: 1.33x the global "
-                   "one on tiny Llama): training is silently wrong")
-def test_data_parallel_with_a_graph_break_mid_model_trains_like_one(tmp_path):
-    runs = ["llama@dp=2+break"]
-    check(launch(tmp_path, 2, runs), runs)
 
 
 def test_tensor_parallel_trains_hf_models_like_one(tmp_path):

@@ -17,6 +17,7 @@ broadcast from rank 0, as DDP does at construction.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import torch
 import torch.distributed as dist
@@ -27,6 +28,8 @@ from .. import _torch_compat as compat
 
 aten = torch.ops.aten
 _BROADCAST = WeakIdKeyDictionary()     # tensor -> True once it was made equal on every rank
+_IN_GRAPHS = WeakIdKeyDictionary()     # parameter -> True once a compiled graph got it (and so averages it)
+_CHECKED = WeakIdKeyDictionary()       # parameter -> True once it carries _check_averaged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,36 @@ def prepare(gm: fx.GraphModule, example_inputs: list, dp: DataParallel) -> None:
             if isinstance(t, torch.Tensor) and _is_state(node, t) and t not in _BROADCAST:
                 dist.broadcast(t.data, src=0)
                 _BROADCAST[t] = True
+
+
+def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled, example_inputs: list):
+    """`compiled`, and a check that no parameter of `module` gets a gradient from code that ran outside the
+    compiled graphs (Dynamo runs a frame eagerly after some graph breaks: one inside a forward hook left
+    HF Llama's embedding eager), which nothing averages over the ranks: each rank would step on its own
+    gradient. Each trainable parameter gets a hook that fails the backward, in one line, when a gradient
+    reaches a parameter no compiled graph got. Graphs note their parameters at each call, not at compile:
+    Dynamo runs one compiled graph for several modules' parameters (a graph break in each layer)."""
+    for p in gm.parameters():                  # attributes of the graph (AOTAutograd lifts them)
+        _IN_GRAPHS[p] = True
+    for name, p in module.named_parameters():
+        if p.requires_grad and p not in _CHECKED:
+            _CHECKED[p] = True
+            p.register_post_accumulate_grad_hook(functools.partial(_check_averaged, name))
+    at = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
+
+    def run(*args):
+        for i in at:
+            _IN_GRAPHS[args[i]] = True
+        return compiled(*args)
+    return run
+
+
+def _check_averaged(name: str, p: torch.Tensor) -> None:
+    if p not in _IN_GRAPHS:
+        raise RuntimeError(f"colauto: the gradient of {name} comes from code that ran outside the compiled graphs "
+                           "(after a graph break, Dynamo ran it eagerly), which data parallelism does not average "
+                           "over the ranks; remove the graph break (TORCH_LOGS=graph_breaks names it) or train on "
+                           "one device")
 
 
 def _is_state(node: fx.Node, t: torch.Tensor) -> bool:

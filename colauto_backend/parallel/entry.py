@@ -116,7 +116,10 @@ def _data_parallel(gm: fx.GraphModule, example_inputs: list, make_local: Callabl
     compiled under `memory_budget` (a Config.memory_budget; None: COLAUTO_MEMORY_BUDGET's)."""
     dp = data.DataParallel.world_group()
     data.prepare(gm, example_inputs, dp)
-    return make_local(dp, memory_budget)(gm, example_inputs)
+    compiled = make_local(dp, memory_budget)(gm, example_inputs)
+    if not any(isinstance(t, torch.nn.Parameter) for t in [*example_inputs, *gm.parameters()]):
+        return compiled
+    return data.check_eager_gradients(owner_module(gm, example_inputs), gm, compiled, example_inputs)
 
 
 def _planned_budget(plan: ParallelPlan) -> tuple[str, float]:
