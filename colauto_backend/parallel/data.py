@@ -25,11 +25,13 @@ import torch.fx as fx
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import _torch_compat as compat
+from .. import counters
 
 aten = torch.ops.aten
 _BROADCAST = WeakIdKeyDictionary()     # tensor -> True once it was made equal on every rank
 _IN_GRAPHS = WeakIdKeyDictionary()     # parameter -> True once a compiled graph got it (and so averages it)
 _CHECKED = WeakIdKeyDictionary()       # parameter -> True once it carries _check_averaged
+UNCHECKED = counters.counter("data-parallel graphs whose eager gradients are not checked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +75,8 @@ def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled,
     HF Llama's embedding eager), which nothing averages over the ranks: each rank would step on its own
     gradient. Each trainable parameter gets a hook that fails the backward, in one line, when a gradient
     reaches a parameter no compiled graph got. Graphs note their parameters at each call, not at compile:
-    Dynamo runs one compiled graph for several modules' parameters (a graph break in each layer)."""
+    Dynamo runs one compiled graph for several modules' parameters (a graph break in each layer).
+    Partial: an eager contribution to a parameter some graph also reads is not caught."""
     for p in gm.parameters():                  # attributes of the graph (AOTAutograd lifts them)
         _IN_GRAPHS[p] = True
     for name, p in module.named_parameters():
@@ -81,10 +84,14 @@ def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled,
             _CHECKED[p] = True
             p.register_post_accumulate_grad_hook(functools.partial(_check_averaged, name))
     at = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
+    seen = [None] * len(at)          # the parameters of the last call: noted again only when they change
 
+    @functools.wraps(compiled)
     def run(*args):
-        for i in at:
-            _IN_GRAPHS[args[i]] = True
+        for k, i in enumerate(at):
+            if args[i] is not seen[k]:
+                _IN_GRAPHS[args[i]] = True
+                seen[k] = args[i]
         return compiled(*args)
     return run
 

@@ -119,7 +119,14 @@ def _data_parallel(gm: fx.GraphModule, example_inputs: list, make_local: Callabl
     compiled = make_local(dp, memory_budget)(gm, example_inputs)
     if not any(isinstance(t, torch.nn.Parameter) for t in [*example_inputs, *gm.parameters()]):
         return compiled
-    return data.check_eager_gradients(owner_module(gm, example_inputs), gm, compiled, example_inputs)
+    try:
+        module = owner_module(gm, example_inputs)
+    except (RuntimeError, IndexError):
+        # no one module holds the graph's parameters (a compiled training-step function over several
+        # modules, parameters passed as arguments, a compiled optimizer step): no check, counted
+        data.UNCHECKED["no one module holds the graph's parameters"] += 1
+        return compiled
+    return data.check_eager_gradients(module, gm, compiled, example_inputs)
 
 
 def _planned_budget(plan: ParallelPlan) -> tuple[str, float]:
