@@ -278,7 +278,7 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
                   if hasattr(inductor_config, k)}
         if _BUCKETING_VIEWS and _all_reduces_a_conv_gradient(gm):
             passes.pop("bucket_all_reduces_fx", None)
-            UNBUCKETED[_BUCKETING_VIEWS] += 1
+            UNBUCKETED["torch 2.11's bucketing views convolution gradients"] += 1
     _register_fallbacks(gm)
     with inductor_config.patch(passes), _inductor_context(gm, example_inputs):   # as compile_fx calls it
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
@@ -287,7 +287,7 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
 # torch 2.11's all-reduce bucketing flattens each input with view(-1) (2.13: reshape), which fails on
 # a convolution weight's gradient once Inductor lays the convolution out channels-last ("Cannot view a
 # tensor with shape [64, 3, 8, 8] and strides (192, 1, 24, 3)": HF ViT under dp, codegen inductor).
-_BUCKETING_VIEWS = ("torch 2.11's bucketing views convolution gradients" if torch.__version__ < "2.12" else "")
+_BUCKETING_VIEWS = torch.__version__ < "2.12"
 UNBUCKETED = counters.counter("graphs whose all-reduces Inductor does not bucket")
 
 
@@ -464,41 +464,6 @@ def compiled_frame_locals() -> dict:
     """The local variables of the frame Dynamo is compiling (call from inside a backend)."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
     return dict(InstructionTranslator.current_tx().f_locals)
-
-
-def register_cpu_attention_sharding() -> None:
-    """DTensor has no sharding rule for CPU flash attention: shard it on batch or heads (all inputs and
-    outputs alike), as its CUDA rule does."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.experimental import register_sharding
-    aten = torch.ops.aten
-
-    def rules(n_in: int, n_out: int, mask) -> list:
-        # the mask is a keyword argument, which DTensor never redistributes: each strategy keeps it in the
-        # placement it has (T5's position bias [1, heads, q, k] sharded on heads as q is, or replicated
-        # where it broadcasts over the sharded dim); a strategy that would need it moved is left out
-        def keep(place) -> list | None:
-            if mask is None:
-                return []
-            if all(p == place for p in mask.placements):
-                return [place]
-            if all(p == Replicate() for p in mask.placements) and place != Replicate() and mask.shape[place.dim] == 1:
-                return [Replicate()]
-            return None
-        out = []
-        for place in (Replicate(), Shard(0), Shard(1)):
-            m = keep(place)
-            if m is not None:
-                out.append(([place] * n_out, [place] * n_in + [None, None] + m))
-        return out
-
-    @register_sharding(aten._scaled_dot_product_flash_attention_for_cpu.default)
-    def _fwd(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-        return rules(3, 2, attn_mask)
-
-    @register_sharding(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-    def _bwd(g, q, k, v, o, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
-        return rules(6, 3, attn_mask)
 
 
 def has_unbacked_size(val) -> bool:

@@ -3,7 +3,8 @@
 ops of an aten graph it has no rule for (`uncovered`), and the rule colauto gives those: run replicated
 (`run_replicated`: every tensor input redistributed to Replicate, the op run whole on each rank, its
 outputs Replicate), a redistributed local tensor laid out as its global strides say
-(`keep_local_layout`), masks of CUDA's fused attention placed by their shape (`shard_attention_masks`), and
+(`keep_local_layout`), CPU flash attention sharded on batch or heads (`shard_cpu_attention`: DTensor has no
+rule), masks of CUDA's fused attention placed by their shape (`shard_attention_masks`), and
 padding sharded along the dims it leaves alone (`shard_padding`, torch 2.11's rule is a one-dim stub). The one place colauto reads DTensor's private sharding-propagation registries and
 redistribution (torch 2.11-2.13); a torch upgrade edits this file."""
 from __future__ import annotations
@@ -267,6 +268,40 @@ def _decomposes(op: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
     except NotImplementedError:
         return False
     return True
+
+
+def shard_cpu_attention() -> None:
+    """DTensor has no sharding rule for CPU flash attention: shard it on batch or heads (all inputs and
+    outputs alike), as its CUDA rule does."""
+    from torch.distributed.tensor import Replicate, Shard
+    aten = torch.ops.aten
+
+    def rules(n_in: int, n_out: int, mask) -> list:
+        # the mask is a keyword argument, which DTensor never redistributes: each strategy keeps it in the
+        # placement it has (T5's position bias [1, heads, q, k] sharded on heads as q is, or replicated
+        # where it broadcasts over the sharded dim); a strategy that would need it moved is left out
+        def keep(place) -> list | None:
+            if mask is None:
+                return []
+            if all(p == place for p in mask.placements):
+                return [place]
+            if all(p == Replicate() for p in mask.placements) and place != Replicate() and mask.shape[place.dim] == 1:
+                return [Replicate()]
+            return None
+        out = []
+        for place in (Replicate(), Shard(0), Shard(1)):
+            m = keep(place)
+            if m is not None:
+                out.append(([place] * n_out, [place] * n_in + [None, None] + m))
+        return out
+
+    def _fwd(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        return rules(3, 2, attn_mask)
+
+    def _bwd(g, q, k, v, o, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+        return rules(6, 3, attn_mask)
+    _register_sharding(aten._scaled_dot_product_flash_attention_for_cpu.default, _fwd)
+    _register_sharding(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, _bwd)
 
 
 def shard_padding() -> None:

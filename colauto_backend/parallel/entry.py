@@ -244,7 +244,7 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
 
 @functools.cache
 def _register_rules() -> None:
-    compat.register_cpu_attention_sharding()
+    _dtensor_rules.shard_cpu_attention()       # DTensor has no rule for CPU flash attention
     _dtensor_rules.shard_attention_masks()     # CUDA's fused attention with a mask (HF's), under tp
     _dtensor_rules.shard_padding()             # HF's loss pads the labels (torch 2.11: a one-dim stub)
 
