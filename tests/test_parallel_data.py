@@ -101,6 +101,9 @@ def check(results: list[list[dict]], runs: list[str], expected_errors: tuple[str
             assert r["max_param_diff"] <= 1e-4, (run, r["rank"], r["max_param_diff"])
             if "+ckpt" in run:
                 assert r["ckpt_max_diff"] == 0.0, (run, r["ckpt_max_diff"])
+            # a gradient reduced over several axes (dp x tp) is one collective over their flattened group,
+            # not one all-reduce per axis in sequence (DTensor's default without a flattened mesh)
+            assert r["chained_all_reduces"] == 0, (run, r["rank"], r["chained_all_reduces"])
         # the ranks hold the same parameters: their gradients were averaged, not left per rank
         assert len({r["param_sum"] for r in per_rank}) == 1, (run, [r["param_sum"] for r in per_rank])
 

@@ -75,5 +75,10 @@ def _factorizations(n: int, parts: int) -> list[tuple[int, ...]]:
 
 def device_mesh(axes: Axes):
     from torch.distributed.device_mesh import init_device_mesh
+    from .. import _torch_compat as compat
     kind = "cuda" if torch.cuda.is_available() else "cpu"
-    return init_device_mesh(kind, tuple(s for _, s in axes), mesh_dim_names=tuple(r for r, _ in axes))
+    built = init_device_mesh(kind, tuple(s for _, s in axes), mesh_dim_names=tuple(r for r, _ in axes))
+    # a gradient replicated over several axes (dp and tp) is reduced by one collective over their
+    # flattened group, not one per axis in sequence (DTensor uses a flattened mesh where one exists)
+    compat.flatten_mesh_axes(built)
+    return built

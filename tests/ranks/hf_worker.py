@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from colauto_backend.backend import ANALYSES  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
 
@@ -57,6 +58,7 @@ def run(spec: str, args) -> dict:
     mesh, *flags = rest.split("+")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
+    ANALYSES.clear()
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
     seq = 32 if hf_zoo.SPECS[name].kind == "image" else args.seq     # the tiny configs' image side
@@ -88,10 +90,29 @@ def run(spec: str, args) -> dict:
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "error": None,
            "param_sum": sum(_full(p).double().sum().item() for p in model.parameters()),
            "max_param_diff": max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
-           "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()})}
+           "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
+           "chained_all_reduces": chained_all_reduces()}
     if "ckpt" in flags:
         out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
     return out
+
+
+def chained_all_reduces() -> int:
+    """All-reduces, in the graphs compiled in this run, whose input is another all-reduce's result: one
+    reduction over several mesh axes done as one collective per axis, in sequence."""
+    count = 0
+    for analysis in ANALYSES:
+        for node in analysis.joint.graph.nodes if analysis.joint is not None else ():
+            if _is_all_reduce(node):
+                source = node.args[0]
+                while source.op == "call_function" and "wait_tensor" in str(source.target):
+                    source = source.args[0]
+                count += _is_all_reduce(source)
+    return count
+
+
+def _is_all_reduce(node) -> bool:
+    return node.op == "call_function" and "all_reduce" in str(node.target)
 
 
 def reference_loss(ref, full: dict, world: int) -> torch.Tensor:
