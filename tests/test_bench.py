@@ -14,3 +14,15 @@ def test_bench_tiny_matrix(tmp_path):
     (colauto,) = [r for r in rows if r["mode"] == "colauto"]
     assert colauto["pred_peak_bytes"] > 0
     assert (tmp_path / "results.md").exists()
+
+
+def test_bench_predicts_an_hf_model_from_its_compiled_graph(tmp_path):
+    """An HF model (keyword inputs) gets its prediction from the graph the step compiled: a peak of at
+    least its fp32 parameters, gradients and AdamW state (16 bytes a parameter), and a step time."""
+    run.main(["--models", "hf/llama:tiny:2:32", "--modes", "colauto-aten", "--steps", "2", "--warmup", "1",
+              "--out", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert row["error"] is None, row
+    assert row["pred_source"] == "the compiled training graph"
+    assert row["pred_peak_bytes"] >= 16 * row["params"], (row["pred_peak_bytes"], row["params"])
+    assert row["pred_step_time_s"] > 0
