@@ -22,7 +22,16 @@ from .cost.shapes import Expr
 # Under Inductor, the part of a recomputed memory-bound op's input bytes that its fused backward kernel
 # reads only because of the recomputation (the rest it reads anyway). A modelling assumption, not a
 # measurement: a chain of pointwise ops recomputed inside one kernel reads its materialized inputs once.
+# It holds for a value one layer uses. Two cases pay the op's whole cost instead (measured on an H200,
+# bench/results/h200x2-2026-11-28-budget-profile: HF Qwen3-0.6B's budgeted step 21 ms slower than the
+# unbudgeted, where 2.3 ms were predicted):
+# - a value used by several layers (a rotary table, a mask) is recomputed inside each layer's backward
+#   kernels: the op's time once per layer (Qwen3: cos/sin re-derived from the positions in 28 layers'
+#   attention-backward kernels, +10 ms);
+# - a gather at data-dependent addresses (embedding, index) fused into a reduction kernel (Qwen2 and
+#   Qwen3: the embedding under layer 0's RMSNorm backward, one 2.4-3.4 ms kernel).
 FUSED_RECOMPUTE_FRACTION = 0.1
+GATHERS = frozenset({"aten.embedding.default", "aten.index.Tensor", "aten.index_select.default", "aten.gather.default"})
 
 
 @dataclasses.dataclass
@@ -64,13 +73,48 @@ class Analysis:
     def _is_memory_bound(self) -> np.ndarray:
         return np.array([n.kind == "memory" for n in self.costs.nodes], dtype=bool)
 
-    def recompute_times(self, values: np.ndarray, times: np.ndarray) -> np.ndarray:
-        """Seconds the backward spends re-running each node. Under Inductor a recomputed memory-bound
-        op runs inside the fused kernel that reads it: a fraction of its input reads, no kernel."""
+    @functools.cached_property
+    def _layers_using(self) -> np.ndarray:
+        """Per node, how many layers use its value (at least 1): the layers (`layer_of` its users'
+        module paths) that the value reaches outside its own, through the forward's views and memory-bound
+        ops of its own layer (a rotary table built once, cast, then read by every decoder layer: all of them)."""
+        if self.joint is None:
+            return np.ones(len(self.costs.nodes))
+        costs = {c.name: c for c in self.costs.nodes}
+        counts = []
+        for node in self.joint.graph.nodes:
+            if node.name not in costs:
+                continue
+            home, layers, todo, seen = layer_of(costs[node.name].module), set(), list(node.users), set()
+            while todo:
+                user = todo.pop()
+                if user.name in seen or user.name not in costs:
+                    continue
+                seen.add(user.name)
+                c = costs[user.name]
+                if c.phase == "fwd" and (c.kind == "view" or (c.kind == "memory" and layer_of(c.module) == home)):
+                    todo.extend(user.users)       # a view is read where its users are (one view can serve all layers)
+                elif layer_of(c.module) != home:
+                    layers.add(layer_of(c.module))
+            counts.append(max(1, len(layers)))
+        return np.array(counts, dtype=float)
+
+    @functools.cached_property
+    def _is_gather(self) -> np.ndarray:
+        return np.array([n.op in GATHERS for n in self.costs.nodes], dtype=bool)
+
+    def recompute_times(self, values: np.ndarray, times: np.ndarray, alone: np.ndarray) -> np.ndarray:
+        """Seconds the backward spends re-running each node (`times`: as the step runs it; `alone`: as
+        its own kernel). Under Inductor a recomputed memory-bound op runs inside the fused kernel that
+        reads it: a fraction of its input reads, no kernel; a value several layers use, its time as its
+        own kernel once per layer; a gather, that time once."""
         if not self.fused:
             return times
         reads = table._pad(self.costs.read, len(values)) @ values
-        return np.where(self._is_memory_bound, FUSED_RECOMPUTE_FRACTION * reads / self.device.bandwidth, times)
+        fused = FUSED_RECOMPUTE_FRACTION * reads / self.device.bandwidth
+        layers = self._layers_using
+        whole = np.where(self._is_gather | (layers > 1), layers * alone, fused)
+        return np.where(self._is_memory_bound, whole, times)
 
     def symbolic(self) -> dict[str, Expr]:
         """Totals as sympy expressions over the readable size symbols."""
@@ -92,16 +136,17 @@ class Analysis:
         k = len(values)
         fwd = self._is_fwd
         node_flops = table._pad(self.costs.flops, k) @ values
-        times = self.costs.node_times(values, self.device)
+        alone = self.costs.node_times(values, self.device)     # each op as its own kernel
+        times = alone
         if self.fused:   # ops fused into a consumer's kernel launch nothing and write nothing
-            times = np.where([n.name in self.timeline.fused for n in self.costs.nodes], 0.0, times)
+            times = np.where([n.name in self.timeline.fused for n in self.costs.nodes], 0.0, alone)
         mem = self.timeline.rows @ values if len(self.timeline.rows) else np.zeros(1)
         peak_i = int(np.argmax(mem))
         ev = lambda e: int(round(float(sympy.sympify(e).xreplace(subs))))  # noqa: E731
         params, grads, opt = ev(self.timeline.params), ev(self.timeline.grads), ev(self.timeline.optimizer_state)
         opt_time = _optimizer_moved(self.optimizer, params, grads, opt) / self.device.bandwidth
         again = np.array([n.name in self.recomputed for n in self.costs.nodes], dtype=bool)
-        again_times = self.recompute_times(values, times)
+        again_times = self.recompute_times(values, times, alone)
         recompute_time = float(again_times[again].sum())
         return {
             "flops_fwd": int(round(node_flops[fwd].sum())),
