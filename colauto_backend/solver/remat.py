@@ -108,7 +108,6 @@ def solve(p: RematProblem) -> Frontier:
             if p.can_recompute[j]:
                 cands.setdefault(rest | frozenset(p.inputs[j]), []).append((v, 0, p.time[j], idx, RECOMPUTE))
         values, table = {}, {}
-        cols = np.arange(top + 1)
         for state, options in cands.items():
             if len(options) == 1:         # one way to reach this state: no minimum to take
                 v, off, add, src, choice = options[0]
@@ -118,12 +117,21 @@ def solve(p: RematProblem) -> Frontier:
                     v = row
                 values[state], table[state] = v, (src, choice)
                 continue
-            stack = np.full((len(options), top + 1), INF)
-            for row, (v, off, add, _, _) in enumerate(options):
-                stack[row, off:off + len(v)] = v + add if add else v
-            best = np.argmin(stack, axis=0)
-            values[state] = stack[best, cols]
-            table[state] = (np.array([o[3] for o in options])[best], np.array([o[4] for o in options])[best])
+            # the options folded in order, each replacing the best so far where strictly lower (the
+            # first of equal options wins, as an argmin over them would choose)
+            v, off, add, src, choice = options[0]
+            best = np.full(top + 1, INF)
+            best[off:off + len(v)] = v + add if add else v
+            srcs = np.full(top + 1, src, dtype=np.int64)
+            chosen = np.full(top + 1, choice, dtype=np.int8)
+            for v, off, add, src, choice in options[1:]:
+                seg = slice(off, off + len(v))
+                lower = (v + add if add else v) < best[seg]
+                best[seg] = np.where(lower, v + add if add else v, best[seg])
+                srcs[seg][lower] = src
+                chosen[seg][lower] = choice
+            values[state] = best
+            table[state] = (srcs, chosen)
         back[j] = (before, table)
     final = values.get(frozenset(), np.full(top + 1, INF))
     mems, times, best_t = [], [], INF
