@@ -152,3 +152,28 @@ def test_a_value_every_layer_reads_costs_its_recompute_once_per_layer():
     for i in mlp:
         assert base._layers_using[i] == 1
         assert ev["_recompute_times"][i] == pytest.approx(an.FUSED_RECOMPUTE_FRACTION * reads[i] / base.device.bandwidth)
+
+
+def test_partitions_after_the_first_skip_cse_with_the_same_graphs(monkeypatch):
+    """The planner's min-cut partitions of one joint graph skip torch's CSE pass after the first (which
+    replaced the joint by its CSE): a candidate's forward and backward code equals that of the same
+    partition with the pass run again."""
+    from colauto_backend import _torch_compat as compat
+    seen = []
+    real = compat.min_cut_rematerialization_partition
+
+    def spy(*args, **kwargs):
+        seen.append(torch._functorch.config.cse)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(compat, "min_cut_rematerialization_partition", spy)
+    planner = hf_planner("llama")
+    assert seen == [True]                               # the capture's partition: CSE on
+    keeps = planner.candidates()
+    keep = keeps[len(keeps) // 2]
+    _, (fw, bw), _ = planner.partitioned(keep)
+    assert seen == [True, False]
+    planner._simulated.clear()
+    planner.joint.meta.pop(compat._CSE_DONE)
+    _, (fw_again, bw_again), _ = planner.partitioned(keep)
+    assert seen == [True, False, True]
+    assert fw.code == fw_again.code and bw.code == bw_again.code
