@@ -582,14 +582,11 @@ def mark_static(t: torch.Tensor) -> None:
     torch._dynamo.mark_static(t)
 
 
-def flatten_mesh_axes(device_mesh) -> list[str]:
+def flatten_mesh_axes(device_mesh) -> None:
     """Flattened meshes over every set of two or more of `device_mesh`'s axes (DeviceMesh._flatten), so that
     DTensor turns a redistribution that reduces over several axes (a gradient Partial on dp and tp) into one
-    collective over the flattened group instead of one per axis, one after another. The names made."""
+    collective over the flattened group instead of one per axis, one after another."""
     names = list(device_mesh.mesh_dim_names or ())
-    made = []
     for n in range(2, len(names) + 1):
         for dims in itertools.combinations(names, n):
             device_mesh[dims]._flatten("_".join(dims))
-            made.append("_".join(dims))
-    return made

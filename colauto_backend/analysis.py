@@ -18,6 +18,7 @@ from .cost import memory, table
 from .cost.device import DeviceSpec
 from .cost.poly import Basis
 from .cost.shapes import Expr
+from .cost.table import layer_of  # noqa: F401  (re-exported: the layer of a module path)
 
 # Under Inductor, the part of a recomputed memory-bound op's input bytes that its fused backward kernel
 # reads only because of the recomputation (the rest it reads anyway). A modelling assumption, not a
@@ -74,32 +75,6 @@ class Analysis:
         return np.array([n.kind == "memory" for n in self.costs.nodes], dtype=bool)
 
     @functools.cached_property
-    def _layers_using(self) -> np.ndarray:
-        """Per node, how many layers use its value (at least 1): the layers (`layer_of` its users'
-        module paths) that the value reaches outside its own, through the forward's views and memory-bound
-        ops of its own layer (a rotary table built once, cast, then read by every decoder layer: all of them)."""
-        if self.joint is None:
-            return np.ones(len(self.costs.nodes))
-        costs = {c.name: c for c in self.costs.nodes}
-        counts = []
-        for node in self.joint.graph.nodes:
-            if node.name not in costs:
-                continue
-            home, layers, todo, seen = layer_of(costs[node.name].module), set(), list(node.users), set()
-            while todo:
-                user = todo.pop()
-                if user.name in seen or user.name not in costs:
-                    continue
-                seen.add(user.name)
-                c = costs[user.name]
-                if c.phase == "fwd" and (c.kind == "view" or (c.kind == "memory" and layer_of(c.module) == home)):
-                    todo.extend(user.users)       # a view is read where its users are (one view can serve all layers)
-                elif layer_of(c.module) != home:
-                    layers.add(layer_of(c.module))
-            counts.append(max(1, len(layers)))
-        return np.array(counts, dtype=float)
-
-    @functools.cached_property
     def _is_gather(self) -> np.ndarray:
         return np.array([n.op in GATHERS for n in self.costs.nodes], dtype=bool)
 
@@ -112,7 +87,7 @@ class Analysis:
             return times
         reads = table._pad(self.costs.read, len(values)) @ values
         fused = FUSED_RECOMPUTE_FRACTION * reads / self.device.bandwidth
-        layers = self._layers_using
+        layers = self.costs.layers_using
         whole = np.where(self._is_gather | (layers > 1), layers * alone, fused)
         return np.where(self._is_memory_bound, whole, times)
 
@@ -185,15 +160,6 @@ class Analysis:
                                         "est_time_s": 0.0, "unknown_ops": 0})
             r["activation_bytes"] += int(round(float(sympy.sympify(expr).xreplace(subs))))
         return list(rows.values())
-
-
-def layer_of(path: str) -> str:
-    """'transformer.h.3.attn.c_proj' -> 'transformer.h.3'; paths without an index are kept whole."""
-    parts = path.split(".") if path else ["(top level)"]
-    for i, p in enumerate(parts):
-        if p.isdigit():
-            return ".".join(parts[: i + 1])
-    return ".".join(parts[:2])
 
 
 def _optimizer_moved(optimizer: str, params: int, grads: int, opt: int) -> int:

@@ -141,7 +141,7 @@ def test_a_value_every_layer_reads_costs_its_recompute_once_per_layer():
     rotary = [i for i, c in enumerate(base.costs.nodes) if c.module.endswith("rotary_emb") and c.kind == "memory"]
     assert rotary
     for i in rotary:
-        assert base._layers_using[i] == layers, base.costs.nodes[i]
+        assert base.costs.layers_using[i] == layers, base.costs.nodes[i]
         assert ev["_recompute_times"][i] == pytest.approx(layers * alone[i])
     (embedding,) = [i for i, c in enumerate(base.costs.nodes) if c.op == "aten.embedding.default" and c.phase == "fwd"]
     assert ev["_recompute_times"][embedding] == pytest.approx(alone[embedding])
@@ -150,7 +150,7 @@ def test_a_value_every_layer_reads_costs_its_recompute_once_per_layer():
            if c.module.startswith("model.layers.0.mlp") and c.kind == "memory" and c.phase == "fwd"]
     assert mlp
     for i in mlp:
-        assert base._layers_using[i] == 1
+        assert base.costs.layers_using[i] == 1
         assert ev["_recompute_times"][i] == pytest.approx(an.FUSED_RECOMPUTE_FRACTION * reads[i] / base.device.bandwidth)
 
 

@@ -47,6 +47,7 @@ class CostTable:
     read: np.ndarray       # bytes read
     launches: np.ndarray   # 1 where the node launches a kernel
     half: np.ndarray       # True where the low-precision matmul rate applies
+    layers_using: np.ndarray   # how many layers read each node's value (at least 1; see _layers_using)
 
     def unknown_ops(self) -> dict[str, int]:
         return self._count("unknown")
@@ -139,7 +140,40 @@ def build(graph: fx.Graph, basis: Basis) -> CostTable:
         r_rows.append(basis.sparse(rd))
         launches.append(0.0 if kind == "view" else 1.0)
     return CostTable(nodes, basis, basis.dense(f_rows), basis.dense(m_rows), basis.dense(r_rows), np.array(launches),
-                     np.array([n.half for n in nodes], dtype=bool))
+                     np.array([n.half for n in nodes], dtype=bool), _layers_using(graph))
+
+
+def layer_of(path: str) -> str:
+    """'transformer.h.3.attn.c_proj' -> 'transformer.h.3'; paths without an index are kept whole."""
+    parts = path.split(".") if path else ["(top level)"]
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:2])
+
+
+def _layers_using(graph: fx.Graph) -> np.ndarray:
+    """Per costed node, how many layers use its value (at least 1): the layers (`layer_of` its users'
+    module paths) that the value reaches outside its own, through the forward's views and memory-bound
+    ops of its own layer (a rotary table built once, cast, then read by every decoder layer: all of them)."""
+    counts = []
+    for node in graph.nodes:
+        cost = node.meta.get(META_KEY) if node.op == "call_function" else None
+        if cost is None:
+            continue
+        home, layers, todo, seen = layer_of(cost.module), set(), list(node.users), set()
+        while todo:
+            user = todo.pop()
+            c = user.meta.get(META_KEY) if user.op == "call_function" else None
+            if c is None or user in seen:
+                continue
+            seen.add(user)
+            if c.phase == "fwd" and (c.kind == "view" or (c.kind == "memory" and layer_of(c.module) == home)):
+                todo.extend(user.users)       # a view is read where its users are (one view can serve all layers)
+            elif layer_of(c.module) != home:
+                layers.add(layer_of(c.module))
+        counts.append(max(1, len(layers)))
+    return np.array(counts, dtype=float)
 
 
 def _shape_str(n: fx.Node) -> str:

@@ -1,4 +1,4 @@
-"""python -m bench.run, whose --profile also writes, beside profile-<model>-<size>-<mode>.txt:
+"""`python -m bench.kernel_profile ARGS` = `python -m bench.run ARGS`, whose --profile also writes, beside profile-<model>-<size>-<mode>.txt:
 .blocks (three more blocks of 10 timed steps), .kernels.csv (every kernel's GPU time over the two profiled
 steps), .timeline.csv.gz (each kernel's start and duration) and .summary.json (per step: kernel time, GPU
 busy time, the span from the first kernel's start to the last one's end, kernel count)."""
@@ -68,5 +68,6 @@ def profile_kernels(step, path: Path) -> None:
     print(f"\n[profile] {path.name}: {json.dumps(summary)}", flush=True)
 
 
-br.profile_kernels = profile_kernels
-sys.exit(br.main(sys.argv[1:]))
+if __name__ == "__main__":
+    br.profile_kernels = profile_kernels
+    sys.exit(br.main(sys.argv[1:]))
