@@ -131,14 +131,7 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     if mult == 1:
         inputs = ({k: v.chunk(world)[rank] for k, v in inputs.items()} if isinstance(inputs, dict)
                   else tuple(v.chunk(world)[rank] for v in inputs))
-    compile_start = time.perf_counter()
-    times, whole_peak = [], 0
-    for step in range(args.warmup + args.steps):
-        sync()
-        if step == args.warmup and CUDA:    # the timed steps' own peak: no build, no first call
-            whole_peak = torch.cuda.max_memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
+    def one_step():
         # tp: plain tensors (RoPE tables made in forward, the parameters parallelize_module left alone,
         # which fused AdamW steps together with the DTensor ones) count as replicated
         with implicit_replication() if kind == "tp" else contextlib.nullcontext():
@@ -147,10 +140,26 @@ def run(kind: str, args, rank: int, world: int) -> dict:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+        return loss
+
+    compile_start = time.perf_counter()
+    times, whole_peak, allocs = [], 0, {}
+    for step in range(args.warmup + args.steps):
+        sync()
+        if step == args.warmup and CUDA:    # the timed steps' own peak: no build, no first call
+            whole_peak = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            allocs = torch.cuda.memory_stats()
+        start = time.perf_counter()
+        loss = one_step()
         sync()
         times.append(time.perf_counter() - start)
         if step == 0:
             compile_s = time.perf_counter() - compile_start
+    if CUDA:    # the caching allocator's work in the timed steps: retries and cudaMalloc/cudaFree calls
+        now = torch.cuda.memory_stats()
+        allocs = {k: now.get(k, 0) - allocs.get(k, 0)
+                  for k in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")}
     timed = sorted(times[args.warmup:])
     median = timed[len(timed) // 2]
     # peak over the whole run (build, first call, warm-up) before the reset above, and over the timed steps
@@ -165,7 +174,9 @@ def run(kind: str, args, rank: int, world: int) -> dict:
     out = {"config": kind, "tokens_per_s_per_gpu": args.batch * args.seq / median, "step_s": median,
            "steps_s": times, "peak_bytes": int(peak[0].item()), "peak_timed_bytes": int(peak[1].item()),
            "build_s": build_s, "compile_first_step_s": compile_s,
-           "loss": float(last.item()) / world}
+           "loss": float(last.item()) / world, "allocator_in_timed_steps": allocs}
+    if args.profile:
+        out["profile"] = profile_step(one_step)
     if kind.startswith("colauto"):
         from colauto_backend.parallel.entry import PLANS, SHARDED
         plan = PLANS[-1]
@@ -174,6 +185,40 @@ def run(kind: str, args, rank: int, world: int) -> dict:
                    grad_fallbacks=sharded.grad_fallbacks if sharded else 0)
     del model, fn, opt
     return out
+
+
+COMM = ("nccl",)
+GEMM = ("gemm", "nvjet", "xmma", "cutlass", "matmul")
+ATTENTION = ("flash", "fmha", "attention", "cudnn")
+
+
+def profile_step(one_step) -> dict:
+    """One more step under torch.profiler: its GPU time by kind (collectives, GEMMs, attention, the rest),
+    how much of the collectives' time no compute kernel overlaps, and the 25 costliest kernels (this rank)."""
+    from torch.profiler import ProfilerActivity, profile
+    from bench.kernel_profile import gpu_events, intervals, overlap_us, union_us
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        one_step()
+        sync()
+    evs = gpu_events(prof)
+    comm = [e for e in evs if any(k in e["name"].lower() for k in COMM)]
+    compute = [e for e in evs if not any(k in e["name"].lower() for k in COMM)]
+
+    def kind_ms(keys):
+        return sum(float(e["dur"]) for e in compute if any(k in e["name"].lower() for k in keys)) / 1e3
+    comm_iv, compute_iv = intervals(comm), intervals(compute)
+    span = (max(float(e["ts"]) + float(e["dur"]) for e in evs) - float(evs[0]["ts"])) / 1e3 if evs else 0.0
+    per_kernel: dict[str, list] = {}
+    for e in evs:
+        acc = per_kernel.setdefault(e["name"][:120], [0, 0.0])
+        acc[0] += 1
+        acc[1] += float(e["dur"]) / 1e3
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:25]
+    return {"span_ms": span, "busy_ms": union_us(evs) / 1e3, "kernels": len(evs),
+            "compute_busy_ms": union_us(compute) / 1e3, "gemm_ms": kind_ms(GEMM), "attention_ms": kind_ms(ATTENTION),
+            "comm_ms": sum(float(e["dur"]) for e in comm) / 1e3, "comm_busy_ms": union_us(comm) / 1e3,
+            "comm_exposed_ms": (union_us(comm) - overlap_us(comm_iv, compute_iv)) / 1e3, "collectives": len(comm),
+            "top_kernels": [{"name": n, "calls": c, "ms": round(ms, 3)} for n, (c, ms) in top]}
 
 
 def summarize(directory: str) -> str:
@@ -211,6 +256,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed steps, profile one more step (CUDA): GPU time by kind, exposed collectives")
     ap.add_argument("--summarize", action="store_true", help="only write OUT/summary.md from OUT's JSON files")
     args = ap.parse_args()
     if args.summarize:
@@ -220,6 +267,8 @@ def main() -> None:
     for kind in args.configs.split(","):
         if kind not in CONFIGS and not kind.startswith("colauto@"):
             ap.error(f"--configs: {kind!r} is not one of {', '.join(CONFIGS)} or colauto@MESH (e.g. colauto@tp=4)")
+    if args.profile and not CUDA:
+        ap.error("--profile needs CUDA (it times kernels); run without it on a machine without a GPU")
     if CUDA:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if CUDA else "gloo")

@@ -13,6 +13,42 @@ import bench.run as br
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
+def gpu_events(prof) -> list[dict]:
+    """The profile's GPU events (kernels, copies, memsets) in start order, as the Chrome trace has them."""
+    trace = Path(tempfile.mkdtemp()) / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    return sorted((e for e in json.loads(trace.read_text())["traceEvents"]
+                   if e.get("cat") in GPU_CATS and "dur" in e), key=lambda e: float(e["ts"]))
+
+
+def intervals(evs) -> list[tuple[float, float]]:
+    """The union of the events' [start, end) intervals, as disjoint sorted intervals (µs)."""
+    out: list[list[float]] = []
+    for s, t in sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in evs):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], t)
+        else:
+            out.append([s, t])
+    return [(s, t) for s, t in out]
+
+
+def union_us(evs) -> float:
+    return sum(t - s for s, t in intervals(evs))
+
+
+def overlap_us(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Time both disjoint interval lists cover (µs)."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
 def _us(e, what):   # torch renamed cuda_* to device_* in the averages
     return getattr(e, f"{what.replace('cuda', 'device')}", None) or getattr(e, what, 0.0)
 
@@ -41,24 +77,13 @@ def profile_kernels(step, path: Path) -> None:
             w.writerow(["name", "calls", "device_us_total"])
             for e in avg:
                 w.writerow([e.key, e.count, f"{_us(e, 'cuda_time_total'):.3f}"])
-        trace = Path(tempfile.mkdtemp()) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        evs = sorted((e for e in json.loads(trace.read_text())["traceEvents"]
-                      if e.get("cat") in GPU_CATS and "dur" in e), key=lambda e: e["ts"])
+        evs = gpu_events(prof)
         with gzip.open(f"{stem}.timeline.csv.gz", "wt", newline="") as f:
             w = csv.writer(f)
             w.writerow(["cat", "name", "ts_us", "dur_us", "stream"])
             for e in evs:
                 w.writerow([e["cat"], e["name"], e["ts"], e["dur"], e.get("args", {}).get("stream")])
-        busy, cur_s, cur_e = 0.0, None, None
-        for e in evs:                       # union of the kernels' intervals
-            s, t = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-            if cur_e is None or s > cur_e:
-                busy += 0 if cur_e is None else cur_e - cur_s
-                cur_s, cur_e = s, t
-            else:
-                cur_e = max(cur_e, t)
-        busy += 0 if cur_e is None else cur_e - cur_s
+        busy = union_us(evs)
         span = (max(float(e["ts"]) + float(e["dur"]) for e in evs) - float(evs[0]["ts"])) if evs else 0.0
         summary.update(kernels_per_step=len(evs) / 2, kernel_ms_per_step=sum(float(e["dur"]) for e in evs) / 2e3,
                        busy_ms_per_step=busy / 2e3, span_ms_per_step=span / 2e3)

@@ -10,6 +10,8 @@
 #                                               # first, FSDP2 again on the same machine with the time left
 #   SEQ=8192 CONFIGS="fsdp2 colauto" bash bench/sessions/gpu9.sh   # other shapes / configurations
 #   MODEL=hf/llama:tiny SEQ=16 bash bench/sessions/gpu9.sh           # the script's dry run on CPU (gloo)
+#   EXTRA=--profile CONFIGS="colauto fsdp2" RESERVE=100 BUDGET=575 FSDP2_MAX=100 bash bench/sessions/gpu9.sh   # 2026-11-28
+#                                               # (session 9): each configuration with one profiled step
 # Everything lands in one tar ($OUT/r9.tgz) and a log ($OUT/r9.log).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -33,7 +35,7 @@ for c in $CONFIGS; do
   s=$(date +%s)
   env TORCHINDUCTOR_CACHE_DIR=/tmp/caches/$name COLAUTO_REPORT=1 timeout -k 10 $t \
     torchrun --standalone --nproc-per-node 4 -m bench.dist_compare --model $MODEL --batch $BATCH --seq $SEQ \
-      --configs $c --warmup 2 --steps 5 --out $R/json > $R/$name.log 2>&1
+      --configs $c --warmup 2 --steps 5 --out $R/json ${EXTRA:-} > $R/$name.log 2>&1
   echo "   exit $? after $(( $(date +%s) - s )) s" | tee -a $R/steps.txt
 done
 kill $SMI 2>/dev/null
@@ -52,6 +54,13 @@ for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
           "steps " + " ".join(f"{s:.2f}" for s in d["steps_s"]), f"loss {d['loss']:.4f}",
           (f"mesh {d['plan_mesh']} predicted {pr.get('step_time_s', 0)*1e3:.0f} ms {pr.get('memory_bytes', 0)/2**30:.2f} GiB"
            if "plan_mesh" in d else ""))
+    if d.get("allocator_in_timed_steps"):
+        print("   allocator in the timed steps:", d["allocator_in_timed_steps"])
+    if "profile" in d:
+        pr = dict(d["profile"]); top = pr.pop("top_kernels")
+        print("   profiled step:", {k: round(v, 2) if isinstance(v, float) else v for k, v in pr.items()})
+        for k in top[:12]:
+            print(f"     {k['ms']:9.2f} ms {k['calls']:5d}x {k['name'][:100]}")
 EOF
 cat $R/steps.txt $R/versions.txt $R/cards.txt $R/brief.txt $R/json/summary.md 2>/dev/null > $OUT/r9.log
 tar czf $OUT/r9.tgz -C $R .
