@@ -20,7 +20,7 @@ from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost import memory
 from .cost.device import resolve
-from .parallel import data, mesh
+from .parallel import data, mesh, overlap
 from .parallel import entry as parallel_entry
 
 # The latest analyses the backend made, newest last (for tests and debugging; bounded: each holds a graph).
@@ -216,6 +216,10 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False)
     def run(gm, inputs, *, is_backward, is_inference=False):
         # whether the graph can be recorded, read once, before any code generation rewrites `gm`
         reason = recorder.reason(gm, inputs, is_backward=is_backward) if recorder is not None else None
+        kind = "inference" if is_inference else "backward" if is_backward else "forward"
+        scheduled = overlap.schedule_collectives(gm, kind)   # a plan's collectives run under the compute after them
+        if scheduled is not None:
+            report.emit_collectives(dataclasses.asdict(scheduled), config.report)
         inductor = config.codegen == "inductor"
         if config.codegen == "triton":
             from . import fusion   # local import: needs triton_kernels only when asked for
@@ -223,7 +227,6 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False)
             # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time (and
             # where Inductor compiles the rest, it fuses the lone ops itself)
             done = fusion.fuse(gm, lone_ops=not inductor and recorder is not None and reason is None)
-            kind = "inference" if is_inference else "backward" if is_backward else "forward"
             if inductor:   # Inductor launches the kernels from its wrapper where it can (fusion.traceable)
                 gm, done.wrapped = compat.decomposed_for_inductor(gm, inline=fusion.traceable)
                 REST_BY_INDUCTOR[kind] += 1
@@ -231,7 +234,7 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False)
                                config.report)
         if inductor:
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
-                                          num_user_outputs=user_outputs)
+                                          num_user_outputs=user_outputs, own_buckets=scheduled is not None)
         else:
             fn = compat.run_as_aten(gm, inputs)
         if recorder is None:

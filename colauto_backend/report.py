@@ -399,6 +399,17 @@ def emit_fusion(data: dict, setting: str | None) -> None:
     _emit_beside(setting, lambda: render_fusion(data), ".fusion.jsonl", "a", lambda: json.dumps(data) + "\n")
 
 
+def render_collectives(data: dict) -> str:
+    return (f"colauto collectives ({data['graph']}): {data['waits_moved']} waits moved to the graph's end, so their "
+            f"collectives overlap the compute after them; {data['all_reduces_bucketed']} all-reduces merged into "
+            f"{data['buckets']} buckets")
+
+
+def emit_collectives(data: dict, setting: str | None) -> None:
+    """COLAUTO_REPORT for a graph whose collective waits parallel.overlap moved, one line per graph."""
+    _emit_beside(setting, lambda: render_collectives(data), ".collectives.jsonl", "a", lambda: json.dumps(data) + "\n")
+
+
 def render_cuda_graphs(data: dict) -> str:
     state = "recorded after a warm-up call" if data["skipped"] is None else f"not recorded: {data['skipped']}"
     return f"colauto cuda graphs ({data['graph']}): {state}"

@@ -1,0 +1,197 @@
+"""Collectives that overlap compute: a wait moved to where its result is first needed.
+
+DTensor's redistributions trace each collective with its wait right after it (the result is used by the
+next op, often only a division or a view on the way to the graph's outputs). Inductor keeps that order
+(its overlap passes are off, or empty lists, by default in torch 2.11-2.13), so on 4 H200s HF Llama-3-8B's
+backward waited for every gradient all-reduce at once: 198 ms of collectives in a 442 ms step, none of
+it under compute. `sink_waits` moves each wait whose downstream work is light (views, elementwise ops,
+waits; no further collective, which must start where it is) and feeds only the graph's outputs to just
+before the output: the
+collective then runs while the rest of the graph computes, as DDP's buckets and colauto's own data
+parallelism (`data.reduce_gradients`) do. A wait some later compute needs stays where it is.
+
+`bucket_all_reduces` then merges the sunk all-reduces of one group, in the order the graph produces
+their inputs, into flat buckets of about BUCKET_BYTES (DDP's 25 MB): one collective per bucket, issued
+as soon as its last input exists, waited for at the end. Inductor's own bucketing (bucket_all_reduces_fx)
+puts each bucket's wait right after its collective and merges waits that sit side by side, so on sunk
+waits it would make one late, unoverlapped collective of the whole graph's gradients; `run_with_inductor`
+leaves it off where this pass ran.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx as fx
+
+from .. import counters
+
+SUNK = counters.counter("collective waits moved to the end of their graph (overlapping compute)")
+WAIT = torch.ops._c10d_functional.wait_tensor.default
+ALL_REDUCE = torch.ops._c10d_functional.all_reduce.default
+BUCKET_BYTES = 25 * 2**20
+aten = torch.ops.aten
+
+
+def _light(node: fx.Node) -> bool:
+    """An op that costs about its output's bytes: what may run late without delaying compute."""
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target.namespace == "_c10d_functional":   # a wait; a collective after it must start where it is
+        return target is WAIT
+    if target._schema.is_mutable:
+        return False
+    if torch.Tag.pointwise in target.tags or torch.Tag.view_copy in target.tags:
+        return True
+    returns = target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None or target in _COPIES
+
+
+_COPIES = {torch.ops.aten._to_copy.default, torch.ops.aten.clone.default, torch.ops.aten._unsafe_view.default,
+           torch.ops.aten.view.default, torch.ops.aten.reshape.default}
+
+
+def sink_waits(gm: fx.GraphModule) -> int:
+    """Move each collective's wait, with the light ops that follow it, to just before the output, where
+    nothing but the outputs depends on them; returns how many waits moved (also counted in SUNK)."""
+    graph = gm.graph
+    output = graph.find_nodes(op="output")[0]
+    moved = 0
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for wait in list(graph.find_nodes(op="call_function", target=WAIT)):
+        if wait.next is output:
+            continue
+        downstream, stack, ok = {wait}, [wait], True
+        while stack and ok:
+            for user in stack.pop().users:
+                if user is output or user in downstream:
+                    continue
+                if not _light(user):
+                    ok = False
+                    break
+                downstream.add(user)
+                stack.append(user)
+        if not ok:
+            continue
+        for node in sorted(downstream, key=order.__getitem__):
+            output.prepend(node)
+        moved += 1
+    if moved:
+        graph.lint()
+        gm.recompile()
+        SUNK["graphs"] += 1
+        SUNK["waits"] += moved
+    return moved
+
+
+@dataclasses.dataclass
+class Scheduled:
+    """What `schedule_collectives` did to one graph (COLAUTO_REPORT prints it)."""
+    graph: str
+    waits_moved: int
+    all_reduces_bucketed: int
+    buckets: int
+
+
+def schedule_collectives(gm: fx.GraphModule, kind: str = "graph") -> Scheduled | None:
+    """`sink_waits`, then `bucket_all_reduces`; None where no wait moved (the graph keeps Inductor's
+    bucketing), else what changed (the graph has its own buckets and Inductor's must stay off)."""
+    moved = sink_waits(gm)
+    if not moved:
+        return None
+    before = len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE))
+    merged = bucket_all_reduces(gm)
+    after = len(gm.graph.find_nodes(op="call_function", target=ALL_REDUCE))
+    return Scheduled(kind, moved, merged, merged - (before - after) if merged else 0)
+
+
+def bucket_all_reduces(gm: fx.GraphModule, cap: int = BUCKET_BYTES) -> int:
+    """Merge the all-reduces whose waits sit at the end of the graph into buckets of about `cap` bytes
+    (one group, reduce op and dtype each); returns how many collectives the buckets replaced."""
+    graph = gm.graph
+    output = graph.find_nodes(op="output")[0]
+    tail = set()
+    node = output.prev
+    while node.op != "root" and _light(node):     # the block sink_waits left before the output
+        tail.add(node)
+        node = node.prev
+    open_buckets: dict[tuple, list[fx.Node]] = {}
+    sizes: dict[tuple, int] = {}
+    merged = 0
+
+    def close(key):
+        nonlocal merged
+        members = open_buckets.pop(key, [])
+        sizes.pop(key, None)
+        if len(members) > 1:
+            _merge(graph, members)
+            merged += len(members)
+
+    for node in list(graph.nodes):
+        if node.target is not ALL_REDUCE or node in tail or len(node.users) != 1:
+            continue
+        wait = next(iter(node.users))
+        val = node.meta.get("val")
+        if wait.target is not WAIT or wait not in tail or not isinstance(val, torch.Tensor):
+            continue
+        key = (node.args[1], node.args[2], val.dtype, val.device)
+        open_buckets.setdefault(key, []).append(node)
+        sizes[key] = sizes.get(key, 0) + val.numel() * val.element_size()
+        if sizes[key] >= cap:
+            close(key)
+    for key in list(open_buckets):
+        close(key)
+    if merged:
+        graph.lint()
+        gm.recompile()
+        SUNK["all-reduces bucketed"] += merged
+    return merged
+
+
+def _merge(graph: fx.Graph, members: list[fx.Node]) -> None:
+    """One all-reduce of the members' flattened inputs, issued where the last member was; its wait and
+    the split back into each member's shape where the first member's wait was (in the graph's tail)."""
+    last = members[-1]
+    ins = [m.args[0] for m in members]
+    shapes = [m.meta["val"].shape for m in members]
+    numels = [m.meta["val"].numel() for m in members]
+    with graph.inserting_before(last):
+        flats = [_call(graph, aten.reshape.default, (x, [-1]), last) for x in ins]
+        flat = _call(graph, aten.cat.default, (flats,), last)
+        start = _call(graph, ALL_REDUCE, (flat, *last.args[1:]), last)
+    waits = [next(iter(m.users)) for m in members]
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    with graph.inserting_before(min(waits, key=order.__getitem__)):   # before all that uses a member's result
+        done = _call(graph, WAIT, (start,), last)
+        offset = 0
+        for member, wait, shape, numel in zip(members, waits, shapes, numels):
+            piece = _call(graph, aten.slice.Tensor, (done, 0, offset, offset + numel), last)
+            view = _call(graph, aten.view.default, (piece, list(shape)), last)
+            offset += numel
+            wait.replace_all_uses_with(view)
+    for member, wait in zip(members, waits):    # after the inserts: the first wait was their insertion point
+        graph.erase_node(wait)
+        graph.erase_node(member)
+
+
+def _call(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
+    """A new node with its fake value (computed from its inputs' values) and `like`'s other metadata."""
+    from torch._guards import detect_fake_mode
+    node = graph.call_function(target, args)
+    node.meta.update({k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta")})
+    vals = fx.node.map_arg(args, lambda n: n.meta["val"])
+    with detect_fake_mode(_tensors(vals)):
+        node.meta["val"] = target(*vals)
+    return node
+
+
+def _tensors(tree) -> list:
+    out = []
+    fx.node.map_aggregate(tree, lambda v: out.append(v) if isinstance(v, torch.Tensor) else None)
+    return out
