@@ -228,13 +228,21 @@ def min_cut_partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs) -> tu
 
 def inductor_joint_passes(joint: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """The pattern rewrites Inductor runs on the joint graph before partitioning, so that colauto plans
-    the graph Inductor would compile."""
+    the graph Inductor would compile. On a model on the meta device (planned, never run) Inductor's
+    folding of uniform constants is left out: it breaks the graph's order there ("Argument
+    'empty_strided_default_1' ... used before it has been defined", torch 2.11 and 2.13), so such a
+    plan keeps the graph's `full` tensors as computed values."""
     import inspect
+    import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import _recursive_joint_graph_passes
     kwargs = {}
+    device = _input_device(joint)
     if "input_device" in inspect.signature(_recursive_joint_graph_passes).parameters:
-        kwargs["input_device"] = _input_device(joint)
-    with _inductor_context(joint):
+        kwargs["input_device"] = device
+    on_meta = device is None and any(isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].device.type == "meta"
+                                     for n in joint.graph.find_nodes(op="placeholder"))
+    with _inductor_context(joint), inductor_config.patch(
+            joint_graph_constant_folding=inductor_config.joint_graph_constant_folding and not on_meta):
         return _recursive_joint_graph_passes(joint, **kwargs)
 
 

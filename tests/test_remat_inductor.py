@@ -177,3 +177,28 @@ def test_partitions_after_the_first_skip_cse_with_the_same_graphs(monkeypatch):
     _, (fw_again, bw_again), _ = planner.partitioned(keep)
     assert seen == [True, False, True]
     assert fw.code == fw_again.code and bw.code == bw_again.code
+
+
+def test_a_meta_device_hf_model_plans_under_inductor_codegen_like_the_same_model_on_cpu():
+    """explain() of a model built on the meta device (how an 8B model is planned on a laptop) under
+    codegen inductor: Inductor's folding of uniform constants broke the joint graph's order there
+    ("used before it has been defined") on every mesh; it is left out on meta. The plan must match the
+    same model built on the CPU (the meta path plans attention as the fused kernels; within 1%)."""
+    transformers = pytest.importorskip("transformers")
+    from examples import hf_zoo
+    cfg = hf_zoo.config_of("llama", "tiny")
+    peaks = {}
+    for dev in ("cpu", "meta"):
+        with torch.device(dev):
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        ids = torch.zeros(2, 64, dtype=torch.long, device=dev)
+        plan = colauto_backend.explain(model, kwargs={"input_ids": ids, "labels": ids}, device="h200",
+                                       options={"codegen": "inductor"})
+        peaks[dev] = plan.peak_without_bytes
+    assert peaks["meta"] == pytest.approx(peaks["cpu"], rel=0.01)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
+    plan = colauto_backend.explain(model, kwargs={"input_ids": ids, "labels": ids}, mesh="2", device="h200",
+                                   options={"codegen": "inductor"})
+    assert plan.mesh_str
