@@ -4,6 +4,7 @@
 # graphs), each model's colauto and DDP + torch.compile in one launch, with one profiled step each.
 #   bash bench/sessions/gpu22.sh
 #   MODELS="hf/llama:tiny=1" SEQ=16 bash bench/sessions/gpu22.sh     # the script's dry run on CPU (gloo; no --profile)
+#   MODELS="hf/llama:bench=4" CONFIGS=colauto@fsdp=2,fsdp2 BUDGET=240 bash bench/sessions/gpu22.sh   # the fsdp path
 # Everything lands in one tar ($OUT/r22.tgz) and a log ($OUT/r22.log).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -20,7 +21,7 @@ for spec in $MODELS; do
   left=$(( BUDGET - ($(date +%s) - T0) )); [ $left -lt 30 ] && break
   echo "== $name B$b: timeout $left s" | tee -a $R/steps.txt
   env COLAUTO_REPORT=1 timeout -k 10 $left torchrun --standalone --nproc-per-node $NPROC -m bench.dist_compare \
-    --model $m --batch $b --seq $SEQ --configs colauto,ddp --warmup 3 --steps 8 --out $R/json $PROFILE > $R/$name.log 2>&1
+    --model $m --batch $b --seq $SEQ --configs ${CONFIGS:-colauto,ddp} --warmup 3 --steps 8 --out $R/json $PROFILE > $R/$name.log 2>&1
   echo "   exit $? after $(( $(date +%s) - T0 )) s" | tee -a $R/steps.txt
 done
 python -m bench.dist_compare --summarize --out $R/json > /dev/null 2>&1
