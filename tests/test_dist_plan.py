@@ -343,24 +343,3 @@ def test_finding_the_owner_module_runs_no_property():
     outer[0].__class__ = Gathering
     assert entry._stored_parameter(outer, "0.weight") is outer[0]._parameters["weight"]
     assert entry._stored_parameter(outer, "1.weight") is None and entry._stored_parameter(inner, "bias") is inner.bias
-
-
-def test_gradient_reductions_past_the_end_of_backward_follow_the_stream_by_hand():
-    """choose.exposed_reductions: layers in backward order, each one's reductions issued when its
-    backward ends and run one at a time. Hand-worked cases (backward 2 s a layer)."""
-    from colauto_backend.parallel.choose import LayerCost, exposed_reductions
-
-    def layers(reduces):
-        return [LayerCost(0, 0, 0.0, r, 2.0, 0.0, 0.0, 0) for r in reduces]
-    # each reduction fits under the next layer's backward: only the last one's 1 s sticks out
-    assert exposed_reductions(layers([1, 1, 1]), 0.0, 1.0) == pytest.approx(1.0)
-    # the first layer's 5 s runs under the other two (4 s): 1 s left, where "all less backward" says 0
-    assert exposed_reductions(layers([5, 0, 0]), 0.0, 1.0) == pytest.approx(1.0)
-    # the last layer's is all exposed however short backward's other work is
-    assert exposed_reductions(layers([0, 0, 5]), 0.0, 1.0) == pytest.approx(5.0)
-    # a queue: 3 s each from t=2, 4, 6 end at 5, 8, 11; backward ends at 6 (+ 1 s of loss first: 7)
-    assert exposed_reductions(layers([3, 3, 3]), 0.0, 1.0) == pytest.approx(5.0)
-    assert exposed_reductions(layers([3, 3, 3]), 1.0, 1.0) == pytest.approx(5.0)
-    # half of each layer's compute is backward: t = 1, 2, 3
-    assert exposed_reductions(layers([1, 1, 1]), 0.0, 0.5) == pytest.approx(1.0)
-    assert exposed_reductions([], 1.0, 0.5) == 0.0

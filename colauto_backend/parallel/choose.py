@@ -215,10 +215,8 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
     n_tp = dict(plan.axes).get("tp", 1)
     if plan.tensor_parallel and n_tp > 1 and tp.replicated_bytes:   # ops with no DTensor rule: inputs gathered
         switches += link.over(plan.axes, {"tp"}).all_gather(tp.replicated_bytes * n_tp, n_tp)
-    rank = {g: i for i, g in enumerate(tp.order)}
-    in_backward = [costs[g] for g in sorted(costs, key=lambda g: rank.get(g, -1), reverse=True)]
     comm = (sum(c.gather_s + c.tp_s for c in costs.values()) + switches
-            + exposed_reductions(in_backward, rest * single.backward_share, single.backward_share))
+            + max(0.0, reduce - compute * single.backward_share))
     trained = sum(c.trained for c in costs.values())
     state = int(sum(c.state_bytes(single) for c in costs.values()))
     activations = single.transient_bytes + sum(c.extra_bytes for c in costs.values())
@@ -233,19 +231,6 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
     total_comm = sum(c.gather_s + c.tp_s for c in costs.values()) + switches + reduce
     return Estimate(plan.axes, compute, comm, recompute, optimizer, memory, state, fits,
                     fits and memory_before <= limit, total_comm)
-
-
-def exposed_reductions(in_backward: list[LayerCost], start_s: float, backward_share: float) -> float:
-    """The gradient reductions' time past the end of backward. Layers in the order backward runs them,
-    after `start_s` of backward without parameters (the loss's); each layer's reductions are issued when
-    its backward ends and run one at a time, as the collectives of one stream do (parallel/overlap.py
-    issues them so). At least the last layer's reductions, and at least all of them less backward."""
-    t = start_s
-    free = 0.0
-    for c in in_backward:
-        t += c.compute_s * backward_share
-        free = max(free, t) + c.reduce_s
-    return max(0.0, free - t)
 
 
 def _remat(single: Single, s_act: float, excess: float) -> tuple[tuple[float, float], bool]:
