@@ -107,6 +107,25 @@ def test_all_reduces_merge_into_buckets_of_the_cap_in_production_order(group):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_a_gradient_as_big_as_the_cap_stays_alone_and_closes_the_open_bucket(group):
+    sizes = [(4,), (8,), (64, 64), (2,), (3,)]     # bytes 16, 32, 16384, 8, 12; cap 1024
+
+    def step(*ws):
+        return [c10d.wait_tensor(c10d.all_reduce(w + 1, "sum", group)) * 2 for w in ws]
+
+    args = [torch.randn(s) for s in sizes]
+    gm = _trace(step, *args)
+    expected = step(*args)
+    overlap.sink_waits(gm)
+    # by hand: [16, 32] closes when the 16384-byte one comes (which stays alone), then [8, 12]
+    assert overlap.bucket_all_reduces(gm, cap=1024) == 4
+    starts = gm.graph.find_nodes(op="call_function", target=c10d.all_reduce.default)
+    assert [s.meta["val"].numel() for s in starts] == [4 + 8, 64 * 64, 2 + 3]
+    assert starts[1].args[0].target is torch.ops.aten.add.Tensor      # the big one is its own input, uncopied
+    for got, want in zip(gm(*args), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_a_graph_without_collectives_is_left_alone():
     gm = _trace(lambda x, w: (x @ w).relu(), torch.randn(2, 2), torch.randn(2, 2))
     code = gm.code

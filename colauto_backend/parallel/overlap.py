@@ -12,7 +12,8 @@ parallelism (`data.reduce_gradients`) do. A wait some later compute needs stays 
 
 `bucket_all_reduces` then merges the sunk all-reduces of one group, in the order the graph produces
 their inputs, into flat buckets of about BUCKET_BYTES (DDP's 25 MB): one collective per bucket, issued
-as soon as its last input exists, waited for at the end. Inductor's own bucketing (bucket_all_reduces_fx)
+as soon as its last input exists, waited for at the end. A gradient of BUCKET_BYTES or more stays its
+own collective (merged, it would only be copied). Inductor's own bucketing (bucket_all_reduces_fx)
 puts each bucket's wait right after its collective and merges waits that sit side by side, so on sunk
 waits it would make one late, unoverlapped collective of the whole graph's gradients; `run_with_inductor`
 leaves it off where this pass ran.
@@ -141,8 +142,12 @@ def bucket_all_reduces(gm: fx.GraphModule, cap: int = BUCKET_BYTES) -> int:
         if wait.target is not WAIT or wait not in tail or not isinstance(val, torch.Tensor):
             continue
         key = (node.args[1], node.args[2], val.dtype, val.device)
+        nbytes = val.numel() * val.element_size()
+        if nbytes >= cap:      # big enough alone: merging would only copy it (twice its bytes held at once)
+            close(key)
+            continue
         open_buckets.setdefault(key, []).append(node)
-        sizes[key] = sizes.get(key, 0) + val.numel() * val.element_size()
+        sizes[key] = sizes.get(key, 0) + nbytes
         if sizes[key] >= cap:
             close(key)
     for key in list(open_buckets):
