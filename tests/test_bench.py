@@ -26,3 +26,18 @@ def test_bench_predicts_an_hf_model_from_its_compiled_graph(tmp_path):
     assert row["pred_source"] == "the compiled training graph"
     assert row["pred_peak_bytes"] >= 16 * row["params"], (row["pred_peak_bytes"], row["params"])
     assert row["pred_step_time_s"] > 0
+
+
+def test_dist_compare_profile_without_cuda_is_a_one_line_error(tmp_path):
+    """--profile times kernels: on a machine without CUDA it stops before any process group starts."""
+    import subprocess
+    import sys
+    import pytest
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a machine with CUDA profiles")
+    proc = subprocess.run([sys.executable, "-m", "bench.dist_compare", "--profile", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == ("dist_compare.py: error: --profile needs CUDA (it times kernels); "
+                                                    "run without it on a machine without a GPU")
