@@ -564,6 +564,15 @@ def fake_like(val: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(val)
 
 
+def fake_call(op, *args):
+    """`op` run on fake values (a new node's `val` meta), in the fake mode of the tensors among `args`
+    (nested lists included)."""
+    from torch._guards import detect_fake_mode
+    from torch.utils import _pytree as pytree
+    with detect_fake_mode([a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor)]):
+        return op(*args)
+
+
 def raw_source_name(placeholder: torch.fx.Node) -> str | None:
     """Dynamo's source of a graph input as Dynamo writes it ("L['self']._modules['fc']._buffers['b']")."""
     arg = placeholder.meta.get("grapharg")

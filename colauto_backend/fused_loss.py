@@ -20,6 +20,8 @@ import torch.fx as fx
 import triton_kernels
 from triton_kernels import cross_entropy as ce
 
+from . import _torch_compat as compat
+
 aten = torch.ops.aten
 # The ops `rewrite` matches: a trace that decomposes (Inductor's table, where Inductor compiles the rest)
 # keeps these whole, so the loss is found; what is not rewritten is decomposed by Inductor's re-trace.
@@ -98,7 +100,7 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
         logits_val = logits.meta["val"]
     with graph.inserting_after(nll):
         fused = graph.call_function(torch.ops.colauto.cross_entropy_fwd.default, (logits, target, ignore))
-        fused.meta["val"] = _fake(cross_entropy_fwd, logits_val, target.meta["val"], ignore)
+        fused.meta["val"] = compat.fake_call(cross_entropy_fwd, logits_val, target.meta["val"], ignore)
     with graph.inserting_after(fused):
         new_loss = graph.call_function(operator.getitem, (fused, 0))
         new_loss.meta["val"] = fused.meta["val"][0]
@@ -121,7 +123,7 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
         if narrow is None:
             lsm_bwd.replace_all_uses_with(g)
         else:   # the gradient comes out in the narrow dtype: it replaces the casts back to it
-            g.meta["val"] = _fake(cross_entropy_bwd, nll_bwd.args[0].meta["val"], logits_val,
+            g.meta["val"] = compat.fake_call(cross_entropy_bwd, nll_bwd.args[0].meta["val"], logits_val,
                                   target.meta["val"], lse.meta["val"], ignore)
             for views, cast in narrow.casts:
                 cast.replace_all_uses_with(_replay(graph, g, views, g))
@@ -192,7 +194,7 @@ def _replay(graph: fx.Graph, source: fx.Node, views: list[fx.Node], after: fx.No
         with graph.inserting_after(after):
             after = graph.call_function(view.target, (source, *view.args[1:]), dict(view.kwargs))
         after.meta.update(view.meta)
-        after.meta["val"] = _fake(aten.view.default, source.meta["val"], list(view.meta["val"].shape))   # symbolic sizes too
+        after.meta["val"] = compat.fake_call(aten.view.default, source.meta["val"], list(view.meta["val"].shape))   # symbolic sizes too
         source = after
     return source
 
@@ -201,10 +203,3 @@ def _items(nll: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:
     """nll_loss_forward's (loss, total_weight) getitem nodes, None where unused."""
     items = {u.args[1]: u for u in nll.users}
     return items.get(0), items.get(1)
-
-
-def _fake(op, *args):
-    from torch._guards import detect_fake_mode
-    mode = detect_fake_mode([a for a in args if isinstance(a, torch.Tensor)])
-    with mode:
-        return op(*args)

@@ -25,16 +25,7 @@ for spec in $MODELS; do
   echo "   exit $? after $(( $(date +%s) - T0 )) s" | tee -a $R/steps.txt
 done
 python -m bench.dist_compare --summarize --out $R/json > /dev/null 2>&1
-python - $R/json > $R/brief.txt 2>&1 <<'PY'
-import glob, json, os, sys
-for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
-    d = json.load(open(p))
-    if "error" in d:
-        print(os.path.basename(p), "ERROR", d["error"][:400]); continue
-    pr = d.get("profile") or {}
-    print(os.path.basename(p), f"tok/s/GPU {d['tokens_per_s_per_gpu']:,.0f} step {d['step_s']*1e3:.1f} ms peak {d['peak_bytes']/2**30:.2f} GiB",
-          f"first step {d['compile_first_step_s']:.1f} s", {k: round(v, 1) for k, v in pr.items() if isinstance(v, float)})
-PY
+python bench/sessions/dist_brief.py $R/json > $R/brief.txt 2>&1
 cat $R/steps.txt $R/versions.txt $R/brief.txt $R/json/summary.md > $OUT/r22.log 2>/dev/null
 grep -h "colauto collectives" $R/*.log | sort | uniq -c >> $OUT/r22.log
 tar czf $OUT/r22.tgz -C $R .

@@ -41,27 +41,7 @@ done
 kill $SMI 2>/dev/null
 echo "wall $(( $(date +%s) - T0 )) s" >> $R/steps.txt
 python -m bench.dist_compare --summarize --out $R/json > /dev/null 2>&1
-python - $R/json > $R/brief.txt 2>&1 <<'EOF'
-import glob, json, os, sys
-for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
-    d = json.load(open(p))
-    if "error" in d:
-        print(os.path.basename(p), "ERROR", d["error"][:600]); continue
-    pr = d.get("predicted") or {}
-    print(os.path.basename(p), f"tok/s/GPU {d['tokens_per_s_per_gpu']:,.0f}", f"step {d['step_s']*1e3:.0f} ms",
-          f"peak {d['peak_bytes']/2**30:.2f} / timed {d['peak_timed_bytes']/2**30:.2f} GiB",
-          f"first step {d['compile_first_step_s']:.1f} s", f"build {d['build_s']:.1f} s",
-          "steps " + " ".join(f"{s:.2f}" for s in d["steps_s"]), f"loss {d['loss']:.4f}",
-          (f"mesh {d['plan_mesh']} predicted {pr.get('step_time_s', 0)*1e3:.0f} ms {pr.get('memory_bytes', 0)/2**30:.2f} GiB"
-           if "plan_mesh" in d else ""))
-    if d.get("allocator_in_timed_steps"):
-        print("   allocator in the timed steps:", d["allocator_in_timed_steps"])
-    if "profile" in d:
-        pr = dict(d["profile"]); top = pr.pop("top_kernels")
-        print("   profiled step:", {k: round(v, 2) if isinstance(v, float) else v for k, v in pr.items()})
-        for k in top[:12]:
-            print(f"     {k['ms']:9.2f} ms {k['calls']:5d}x {k['name'][:100]}")
-EOF
+python bench/sessions/dist_brief.py $R/json > $R/brief.txt 2>&1
 cat $R/steps.txt $R/versions.txt $R/cards.txt $R/brief.txt $R/json/summary.md 2>/dev/null > $OUT/r9.log
 tar czf $OUT/r9.tgz -C $R .
 for f in $R/*.log; do echo "--- $f"; grep -v "Warning\|warn(" $f | tail -12 | cut -c1-400; done

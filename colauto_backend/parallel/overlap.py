@@ -26,6 +26,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from .. import _torch_compat as compat
 from .. import counters
 
 SUNK = counters.counter("collective waits moved to the end of their graph (overlapping compute)")
@@ -122,6 +123,7 @@ def bucket_all_reduces(gm: fx.GraphModule, cap: int = BUCKET_BYTES) -> int:
     while node.op != "root" and _light(node):     # the block sink_waits left before the output
         tail.add(node)
         node = node.prev
+    order = {n: i for i, n in enumerate(graph.nodes) if n in tail}   # the tail's nodes keep their order
     open_buckets: dict[tuple, list[fx.Node]] = {}
     sizes: dict[tuple, int] = {}
     merged = 0
@@ -131,7 +133,7 @@ def bucket_all_reduces(gm: fx.GraphModule, cap: int = BUCKET_BYTES) -> int:
         members = open_buckets.pop(key, [])
         sizes.pop(key, None)
         if len(members) > 1:
-            _merge(graph, members)
+            _merge(graph, members, order)
             merged += len(members)
 
     for node in list(graph.nodes):
@@ -159,7 +161,7 @@ def bucket_all_reduces(gm: fx.GraphModule, cap: int = BUCKET_BYTES) -> int:
     return merged
 
 
-def _merge(graph: fx.Graph, members: list[fx.Node]) -> None:
+def _merge(graph: fx.Graph, members: list[fx.Node], order: dict[fx.Node, int]) -> None:
     """One all-reduce of the members' flattened inputs, issued where the last member was; its wait and
     the split back into each member's shape where the first member's wait was (in the graph's tail)."""
     last = members[-1]
@@ -171,7 +173,6 @@ def _merge(graph: fx.Graph, members: list[fx.Node]) -> None:
         flat = _call(graph, aten.cat.default, (flats,), last)
         start = _call(graph, ALL_REDUCE, (flat, *last.args[1:]), last)
     waits = [next(iter(m.users)) for m in members]
-    order = {n: i for i, n in enumerate(graph.nodes)}
     with graph.inserting_before(min(waits, key=order.__getitem__)):   # before all that uses a member's result
         done = _call(graph, WAIT, (start,), last)
         offset = 0
@@ -187,16 +188,7 @@ def _merge(graph: fx.Graph, members: list[fx.Node]) -> None:
 
 def _call(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
     """A new node with its fake value (computed from its inputs' values) and `like`'s other metadata."""
-    from torch._guards import detect_fake_mode
     node = graph.call_function(target, args)
     node.meta.update({k: v for k, v in like.meta.items() if k not in ("val", "tensor_meta")})
-    vals = fx.node.map_arg(args, lambda n: n.meta["val"])
-    with detect_fake_mode(_tensors(vals)):
-        node.meta["val"] = target(*vals)
+    node.meta["val"] = compat.fake_call(target, *fx.node.map_arg(args, lambda n: n.meta["val"]))
     return node
-
-
-def _tensors(tree) -> list:
-    out = []
-    fx.node.map_aggregate(tree, lambda v: out.append(v) if isinstance(v, torch.Tensor) else None)
-    return out
