@@ -44,13 +44,14 @@ class Analysis:
     optimizer: str
     sources: dict[sympy.Symbol, tuple[str, int]]   # graph symbol (s77) -> (forward argument, dim)
     hints: dict[sympy.Symbol, int]           # graph symbol -> example size
-    cost_s: float
+    cost_s: float                             # wall seconds of analyze()
     joint: fx.GraphModule | None = None       # the graph costed (joint fwd+bwd, or inference)
     fused: bool = False                       # memory modelled for Inductor code (fused intermediates)
     recomputed: frozenset[str] = frozenset()  # forward nodes the backward runs again (the remat plan)
     plan: Any = None                          # the planner.Plan that chose `recomputed`, if any
     planner: Any = None                       # the planner.Planner of this joint graph (plans other budgets)
     codegen: str = ""                         # the code generation that runs the graph ("inductor (auto)": chosen by device)
+    cost_cpu_s: float = 0.0                   # CPU seconds of analyze(): unaffected by other processes on the cores
 
     def repartitioned(self, fw: fx.GraphModule, bw: fx.GraphModule, *, num_fwd_outputs: int,
                       param_indices: Sequence[int], recomputed: frozenset[str]) -> "Analysis":
@@ -174,12 +175,12 @@ def _optimizer_moved(optimizer: str, params: int, grads: int, opt: int) -> int:
 def analyze(joint: fx.GraphModule, fw: fx.GraphModule | None, bw: fx.GraphModule | None, *,
             num_fwd_outputs: int, param_indices: Sequence[int], device: DeviceSpec, optimizer: str,
             sources: dict, hints: dict, fused: bool = False) -> Analysis:
-    """Build the symbolic cost model (timed: this is `timings['cost_s']`)."""
-    start = time.perf_counter()
+    """Build the symbolic cost model (timed: this is `timings['cost_s']`, and `['cost_cpu_s']` in CPU seconds)."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     basis = Basis()
     costs = table.build(joint.graph, basis)
     timeline = memory.simulate_step(fw if fw is not None else joint, bw, param_indices=param_indices,
                                     num_fwd_outputs=num_fwd_outputs, basis=basis, device=device,
                                     optimizer=optimizer if bw is not None else "none", fused=fused)
     return Analysis(costs, timeline, basis, device, optimizer, sources, hints, time.perf_counter() - start,
-                    joint=joint, fused=fused)
+                    joint=joint, fused=fused, cost_cpu_s=time.process_time() - cpu_start)

@@ -40,7 +40,7 @@ class Profile:
     est_step_time_s: float
     details: dict                      # every other evaluated number (memory parts, phase times, ...)
     sizes: dict[str, int]              # readable size symbol -> value these numbers are for
-    timings: dict[str, float]          # cost_s: cost model only; trace_s: Dynamo + AOT capture; at_s
+    timings: dict[str, float]          # cost_s: cost model only (cost_cpu_s: its CPU seconds); trace_s: Dynamo + AOT capture; at_s
     _analysis: Analysis = dataclasses.field(repr=False)
     _arg_names: list[str] = dataclasses.field(repr=False)
     _owner: Any = dataclasses.field(default=None, repr=False)   # the model's first parameter (report.shown)
@@ -151,7 +151,8 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
     start = time.perf_counter()
     analysis, arg_names = capture(model, example_inputs, options, kwargs)
     trace_s = time.perf_counter() - start - analysis.cost_s
-    return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "trace_s": trace_s},
+    return _make(analysis, analysis.hints, arg_names, {"cost_s": analysis.cost_s, "cost_cpu_s": analysis.cost_cpu_s,
+                                                       "trace_s": trace_s},
                  next(model.parameters(), None))
 
 

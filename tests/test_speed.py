@@ -23,7 +23,7 @@ def test_gpt2_48_layers_cost_model_and_solve_under_one_second():
     assert len(model.blocks) == 48
     idx = torch.randint(0, 50304, (8, 1024))
     prof = colauto_backend.profile(model, idx, idx.clone(), options={"memory_budget": "none"})
-    assert prof.timings["cost_s"] < 1.0, prof.timings
+    assert prof.timings["cost_cpu_s"] < 1.0, prof.timings   # CPU seconds: unaffected by tests sharing the cores
     # The rematerialization solve on the same joint graph (problem construction + DP): under 1 s.
     analysis = ANALYSES[-1]
     start = time.process_time()      # CPU seconds: unaffected by tests sharing the cores (pytest -n)
