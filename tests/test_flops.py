@@ -42,3 +42,36 @@ def test_cpu_flash_attention_formula_matches_the_math():
         (torch.softmax(q @ k.transpose(-1, -2) / 5**0.5, -1) @ v).sum().backward()
     assert math.get_total_flops() == 2 * 3 * (2 * 7 * 7 * (5 + 5)) * 3  # fwd 2 matmuls, bwd 4
     assert fused.get_total_flops() == math.get_total_flops()
+
+
+
+def test_fused_attention_is_timed_at_the_devices_attention_rate():
+    """Under bf16 autocast with the h200 preset, each SDPA node's predicted time is its FLOPs by the math
+    (2*b*h*s*s*(d_q+d_v) forward, twice that backward) at the preset's attention rate plus one launch
+    (compute-bound at these sizes), where the matmul rate would give about a quarter of it."""
+    from colauto_backend.backend import ANALYSES
+    from colauto_backend.cost.device import PRESETS
+
+    b, s, heads, d = 2, 512, 4, 16
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(heads * d, 3 * heads * d)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(b, s, 3, heads, d).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum()
+
+    spec = PRESETS["h200"]
+    with torch.autocast("cpu", torch.bfloat16):
+        colauto_backend.profile(Attn(), torch.randn(b, s, heads * d), options={"device": "h200", "memory_budget": "none"})
+    analysis = ANALYSES[-1]
+    ev = analysis.evaluate(analysis.hints)
+    per_pass = 2 * b * heads * s * s * (d + d)
+    attention = sorted((f, t) for n, t, f in zip(analysis.costs.nodes, ev["_node_times"], ev["_node_flops"])
+                       if "scaled_dot_product" in n.op)
+    assert [f for f, _ in attention] == [per_pass, 2 * per_pass]
+    for f, t in attention:
+        assert t == pytest.approx(f / 150e12 + spec.launch_s, rel=1e-9)
+        assert t > 3 * f / spec.matmul_flops

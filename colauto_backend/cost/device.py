@@ -22,6 +22,9 @@ class DeviceSpec:
     name: str
     matmul_flops: float        # FLOP/s for bf16/fp16 matmul-class ops
     matmul_flops_fp32: float   # FLOP/s for fp32 matmul-class ops (TF32 off, torch's default)
+    # FLOP/s of bf16/fp16 fused attention (SDPA forward and backward), its FLOPs counted as FlopCounterMode
+    # counts them (a causal mask does not halve them); 0: matmul_flops
+    attention_flops: float = 0.0
     vector_flops: float        # FLOP/s for everything else (pointwise, reductions)
     bandwidth: float           # bytes/s of device memory, read + write counted
     launch_s: float            # floor per kernel launch
@@ -29,20 +32,30 @@ class DeviceSpec:
     workspace_bytes: int = 0   # allocator-held bytes the graph does not show (cuBLAS workspace)
     alloc_round: int = 1       # allocation granularity of the caching allocator
 
+    @property
+    def attention_rate(self) -> float:
+        return self.attention_flops or self.matmul_flops
 
+
+# Fused attention runs far below the matmul rate: measured on H200s (cuDNN's flash kernels under bf16 autocast,
+# torch 2.11; bench/results/h200x2-2026-11-28-dp-overlap and h200x4-2026-11-28-hf-8b-overlap, `--profile`), the
+# forward + backward attention kernels of HF Llama 1.1B (B4 x T1024, head dim 64), GPT-2 large (B8 x T1024,
+# head dim 64, attention dropout) and Llama-3-8B under tp=2 (B1 x T2048, head dim 128) ran 199, 143 and 109
+# TFLOP/s by the formula's count; 150 TFLOP/s is about their geometric mean (each within 1.35x). A100: scaled by
+# the matmul rates (not measured).
 PRESETS: dict[str, DeviceSpec] = {
     # cuBLAS on Hopper takes a 32 MiB workspace from the caching allocator (CUBLAS_WORKSPACE_CONFIG default)
     # per handle, and a training step uses two: the caller's thread (forward) and autograd's device thread
     # (backward). Measured on an H200: 64-71 MB held beyond parameters and optimizer state before a step
     # (bench/results/h200-2026-11-26-memcheck/check.json).
-    "h100": DeviceSpec(name="h100", matmul_flops=620e12, matmul_flops_fp32=48e12, vector_flops=60e12,
-                       bandwidth=2.6e12, launch_s=4e-6, memory_bytes=81559 * 1024**2,
+    "h100": DeviceSpec(name="h100", matmul_flops=620e12, matmul_flops_fp32=48e12, attention_flops=150e12,
+                       vector_flops=60e12, bandwidth=2.6e12, launch_s=4e-6, memory_bytes=81559 * 1024**2,
                        workspace_bytes=2 * 32 * 1024**2, alloc_round=512),
-    "h200": DeviceSpec(name="h200", matmul_flops=620e12, matmul_flops_fp32=48e12, vector_flops=60e12,
-                       bandwidth=3.7e12, launch_s=4e-6, memory_bytes=143771 * 1024**2,
+    "h200": DeviceSpec(name="h200", matmul_flops=620e12, matmul_flops_fp32=48e12, attention_flops=150e12,
+                       vector_flops=60e12, bandwidth=3.7e12, launch_s=4e-6, memory_bytes=143771 * 1024**2,
                        workspace_bytes=2 * 32 * 1024**2, alloc_round=512),
-    "a100": DeviceSpec(name="a100", matmul_flops=250e12, matmul_flops_fp32=18e12, vector_flops=18e12,
-                       bandwidth=1.6e12, launch_s=5e-6, memory_bytes=80 * GiB,
+    "a100": DeviceSpec(name="a100", matmul_flops=250e12, matmul_flops_fp32=18e12, attention_flops=60e12,
+                       vector_flops=18e12, bandwidth=1.6e12, launch_s=5e-6, memory_bytes=80 * GiB,
                        workspace_bytes=2 * 8 * 1024**2, alloc_round=512),
     # A 2-core CI-class host; only ratios matter there, no claim of accuracy.
     "cpu": DeviceSpec(name="cpu", matmul_flops=50e9, matmul_flops_fp32=50e9, vector_flops=5e9,

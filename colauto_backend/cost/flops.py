@@ -75,16 +75,26 @@ def _attention(q, k, v) -> Expr:
     return 2 * b * h * s_q * s_k * (d_q + d_v)
 
 
-@formula(aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
-         aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_flash_attention_for_cpu)
+_ATTENTION_FWD = (aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
+                  aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_flash_attention_for_cpu)
+_ATTENTION_BWD = (aten._scaled_dot_product_flash_attention_backward,
+                  aten._scaled_dot_product_efficient_attention_backward,
+                  aten._scaled_dot_product_cudnn_attention_backward,
+                  aten._scaled_dot_product_flash_attention_for_cpu_backward)
+# fused attention kernels: costed at the device's attention rate, not its matmul rate (cost/device.py)
+ATTENTION = frozenset(_ATTENTION_FWD + _ATTENTION_BWD)
+
+
+def is_attention(op: Any) -> bool:
+    return getattr(op, "overloadpacket", None) in ATTENTION
+
+
+@formula(*_ATTENTION_FWD)
 def _sdpa(q, k, v, *_, **__) -> Expr:
     return _attention(q, k, v)
 
 
-@formula(aten._scaled_dot_product_flash_attention_backward,
-         aten._scaled_dot_product_efficient_attention_backward,
-         aten._scaled_dot_product_cudnn_attention_backward,
-         aten._scaled_dot_product_flash_attention_for_cpu_backward)
+@formula(*_ATTENTION_BWD)
 def _sdpa_backward(grad_out, q, k, v, *_, **__) -> Expr:
     # dV = P^T dO and dP = dO V^T (the PV product twice), dQ = dS K and dK = dS^T Q (QK^T twice).
     return 2 * _attention(q, k, v)

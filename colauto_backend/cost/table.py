@@ -47,6 +47,7 @@ class CostTable:
     read: np.ndarray       # bytes read
     launches: np.ndarray   # 1 where the node launches a kernel
     half: np.ndarray       # True where the low-precision matmul rate applies
+    attention: np.ndarray  # True for fused attention kernels (SDPA forward/backward): the attention rate
     layers_using: np.ndarray   # how many layers read each node's value (at least 1; see _layers_using)
 
     def unknown_ops(self) -> dict[str, int]:
@@ -68,7 +69,8 @@ class CostTable:
         k = len(values)
         f = _pad(self.flops, k) @ values
         b = _pad(self.moved, k) @ values
-        rate = np.where(self.half, device.matmul_flops, device.matmul_flops_fp32)
+        rate = np.where(self.half, np.where(self.attention, device.attention_rate, device.matmul_flops),
+                        device.matmul_flops_fp32)
         return np.maximum(f / rate, b / device.bandwidth) + self.launches * device.launch_s
 
 
@@ -125,7 +127,7 @@ def module_path(n: fx.Node) -> str:
 
 def build(graph: fx.Graph, basis: Basis) -> CostTable:
     """Cost every call node of `graph` (nodes tagged is_backward count as the backward phase)."""
-    nodes, f_rows, m_rows, r_rows, launches = [], [], [], [], []
+    nodes, f_rows, m_rows, r_rows, launches, attention = [], [], [], [], [], []
     for n in graph.nodes:
         if n.op != "call_function":
             continue
@@ -139,8 +141,10 @@ def build(graph: fx.Graph, basis: Basis) -> CostTable:
         m_rows.append(basis.sparse(rd + wr))
         r_rows.append(basis.sparse(rd))
         launches.append(0.0 if kind == "view" else 1.0)
+        attention.append(F.is_attention(n.target))
     return CostTable(nodes, basis, basis.dense(f_rows), basis.dense(m_rows), basis.dense(r_rows), np.array(launches),
-                     np.array([n.half for n in nodes], dtype=bool), _layers_using(graph))
+                     np.array([n.half for n in nodes], dtype=bool), np.array(attention, dtype=bool),
+                     _layers_using(graph))
 
 
 def layer_of(path: str) -> str:
