@@ -41,3 +41,25 @@ def test_dist_compare_profile_without_cuda_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == ("dist_compare.py: error: --profile needs CUDA (it times kernels); "
                                                     "run without it on a machine without a GPU")
+
+
+def test_predicted_breakdown_equals_a_static_capture_at_the_same_size():
+    """bench.predicted_breakdown captures at a small size with dynamic shapes and evaluates at the asked
+    size; its kinds add up to the step, which equals profile() of a static capture at that size (bf16
+    autocast, the same preset and codegen), to a kernel launch or two."""
+    import torch
+
+    import colauto_backend
+    from bench import predicted_breakdown
+    from examples.hf_zoo import build_hf
+    got = predicted_breakdown.predict("hf/llama:tiny", 4, 48, "h200")
+    assert got["graphs"] == 1 and got["attention"] > 0 and got["matmul"] > 0
+    parts = sum(v for k, v in got.items() if k not in ("step", "graphs"))
+    assert math.isclose(parts, got["step"], rel_tol=1e-9), (parts, got)
+    model, make = build_hf("llama", "tiny")
+    with torch.autocast("cpu", torch.bfloat16):
+        prof = colauto_backend.profile(model, kwargs=make(4, 48),
+                                       options={"device": "h200", "codegen": "inductor", "memory_budget": "none"})
+    # the dynamic-shape graph may hold a kernel or two more (ops on the scalars Dynamo passes as inputs)
+    launch = colauto_backend.cost.device.PRESETS["h200"].launch_s
+    assert abs(got["step"] - prof.est_step_time_s) <= 2 * launch + 1e-12, (got["step"], prof.est_step_time_s)
