@@ -13,7 +13,8 @@ plan's per-GPU compute. The measured side: the profiled step's GEMM and attentio
 optimizer's kernels (multi_tensor_apply) and the rest of the non-NCCL kernels.
 
 A model whose attention this CPU runs as explicit matmuls and softmax where a GPU runs a fused kernel
-(attention dropout in training: HF GPT-2) is refused in one line: its graphs are not the GPU's.
+(attention dropout in training: HF GPT-2) does not have the GPU's graphs: with no fused attention in its
+graphs and batched matmuls present, the output says so in a CAUTION line.
 """
 import argparse
 import json
@@ -50,12 +51,9 @@ def predict(model_spec: str, batch: int, seq: int, device: str) -> dict[str, flo
             torch.compile(model, backend=backend, dynamic=True)(*args)
         loss_of(out).backward()
     ops = {n.op for a in analyses for n in a.costs.nodes}
-    if any("_softmax" in op for op in ops) and not any("scaled_dot_product" in op for op in ops):
-        # e.g. attention dropout (HF GPT-2): CPU's SDPA takes its math path where a GPU runs a fused kernel
-        sys.exit(f"predicted_breakdown: {model_spec}'s attention ran as explicit matmuls and softmax on this CPU, "
-                 "not as the fused kernel a GPU runs, so its prediction would not be the GPU's: use a GPU host "
-                 "(bench.dist_compare records the prediction beside each result)")
     totals: dict[str, float] = {}
+    if "aten.bmm.default" in ops and not any("scaled_dot_product" in op for op in ops):
+        totals["caution"] = 1.0   # see main()
     for a in analyses:
         size = {CAPTURE_BATCH: batch, CAPTURE_SEQ: seq}
         ints = {s: h for s, h in a.hints.items() if str(s).startswith("s")}   # sizes (zf*: float scalars)
@@ -95,6 +93,10 @@ def main() -> None:
     got = predict(args.model, args.batch, args.seq, args.device)
     ref = measured(args.against) if args.against else {}
     print(f"{args.model} B{args.batch} x T{args.seq} on the {args.device} preset ({int(got.pop('graphs'))} graph(s))")
+    if got.pop("caution", None):
+        print("CAUTION: no fused attention kernel in the captured graphs, but batched matmuls: where a GPU runs this "
+              "model's attention as a fused kernel (on CPU, SDPA with dropout takes its math path: HF GPT-2 in "
+              "training), these predictions are not the GPU's (T5's attention is matmuls on a GPU too)")
     print(f"{'kind':14s} {'predicted ms':>13s}" + (f" {'measured ms':>12s} {'pred/meas':>9s}" if ref else ""))
     for kind in ("matmul", "attention", "memory-bound", "optimizer", "other", "collectives", "step"):
         if kind not in got and kind not in ref:
