@@ -28,8 +28,9 @@ from colauto_backend.backend import analyze_only
 CAPTURE_BATCH, CAPTURE_SEQ = 3, 64       # distinct hints: a size symbol is the batch or the sequence
 
 
-def kind_of(node) -> str:
-    if "scaled_dot_product" in node.op:
+def kind_of(node, attention: bool) -> str:
+    """`attention`: the cost table's mark of a fused attention node (CostTable.attention)."""
+    if attention:
         return "attention"
     return {"matmul": "matmul", "memory": "memory-bound", "comm": "collectives"}.get(node.kind, "other")
 
@@ -46,24 +47,24 @@ def predict(model_spec: str, batch: int, seq: int, device: str) -> dict[str, flo
             analyses.append(analyze_only(config, gm, example_inputs))
         return gm.forward
     args = make(CAPTURE_BATCH, CAPTURE_SEQ)
+    kwargs, args = (args, ()) if isinstance(args, dict) else ({}, args)
     with torch.autocast("cpu", torch.bfloat16):
-        out = torch.compile(model, backend=backend, dynamic=True)(**args) if isinstance(args, dict) else \
-            torch.compile(model, backend=backend, dynamic=True)(*args)
-        loss_of(out).backward()
-    ops = {n.op for a in analyses for n in a.costs.nodes}
+        loss_of(torch.compile(model, backend=backend, dynamic=True)(*args, **kwargs)).backward()
     totals: dict[str, float] = {}
-    if "aten.bmm.default" in ops and not any("scaled_dot_product" in op for op in ops):
+    bmm = any(n.op == "aten.bmm.default" for a in analyses for n in a.costs.nodes)
+    if bmm and not any(a.costs.attention.any() for a in analyses):
         totals["caution"] = 1.0   # see main()
+    size = {CAPTURE_BATCH: batch, CAPTURE_SEQ: seq}
     for a in analyses:
-        size = {CAPTURE_BATCH: batch, CAPTURE_SEQ: seq}
         ints = {s: h for s, h in a.hints.items() if str(s).startswith("s")}   # sizes (zf*: float scalars)
         unknown = {str(s): h for s, h in ints.items() if h not in size}
         if unknown:     # an integer the graph takes that is neither (a position offset, ...): kept as captured
             print(f"predicted_breakdown: symbols {unknown} are neither the batch ({CAPTURE_BATCH}) nor the "
                   f"sequence ({CAPTURE_SEQ}): kept at their captured values", file=sys.stderr)
         ev = a.evaluate(a.hints | {s: size[h] for s, h in ints.items() if h in size})
-        for node, t in zip(a.costs.nodes, ev["_node_times"]):
-            totals[kind_of(node)] = totals.get(kind_of(node), 0.0) + float(t)
+        for node, attention, t in zip(a.costs.nodes, a.costs.attention, ev["_node_times"]):
+            kind = kind_of(node, attention)
+            totals[kind] = totals.get(kind, 0.0) + float(t)
         totals["optimizer"] = totals.get("optimizer", 0.0) + ev["est_optimizer_time_s"]
         totals["step"] = totals.get("step", 0.0) + ev["est_step_time_s"]
     totals["graphs"] = len(analyses)

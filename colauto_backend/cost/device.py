@@ -41,7 +41,7 @@ class DeviceSpec:
 # torch 2.11; bench/results/h200x2-2026-11-28-dp-overlap and h200x4-2026-11-28-hf-8b-overlap, `--profile`), the
 # forward + backward attention kernels of HF Llama 1.1B (B4 x T1024, head dim 64), GPT-2 large (B8 x T1024,
 # head dim 64, attention dropout) and Llama-3-8B under tp=2 (B1 x T2048, head dim 128) ran 199, 143 and 109
-# TFLOP/s by the formula's count; 150 TFLOP/s is about their geometric mean (each within 1.35x). A100: scaled by
+# TFLOP/s by the formula's count; 150 TFLOP/s is about their geometric mean (each within 1.4x: 109 is 1.38x below). A100: scaled by
 # the matmul rates (not measured).
 PRESETS: dict[str, DeviceSpec] = {
     # cuBLAS on Hopper takes a 32 MiB workspace from the caching allocator (CUBLAS_WORKSPACE_CONFIG default)
