@@ -143,13 +143,14 @@ def run(kind: str, args, rank: int, world: int) -> dict:
         return loss
 
     compile_start = time.perf_counter()
-    times, whole_peak, allocs = [], 0, {}
+    times, whole_peak, allocs, steady = [], 0, {}, 0
     for step in range(args.warmup + args.steps):
         sync()
         if step == args.warmup and CUDA:    # the timed steps' own peak: no build, no first call
             whole_peak = torch.cuda.max_memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             allocs = torch.cuda.memory_stats()
+            steady = torch.cuda.memory_allocated()    # what stays between steps: parameters, optimizer state
         start = time.perf_counter()
         loss = one_step()
         sync()
@@ -160,6 +161,9 @@ def run(kind: str, args, rank: int, world: int) -> dict:
         now = torch.cuda.memory_stats()
         allocs = {k: now.get(k, 0) - allocs.get(k, 0)
                   for k in ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")}
+        # the bytes asked for at the timed steps' peak (allocated bytes round each block up to 512 B),
+        # and what stays allocated between steps: the predicted peak is of requested bytes
+        allocs |= {"requested_peak_bytes": now.get("requested_bytes.all.peak", 0), "steady_bytes": steady}
     timed = sorted(times[args.warmup:])
     median = timed[len(timed) // 2]
     # peak over the whole run (build, first call, warm-up) before the reset above, and over the timed steps
@@ -176,7 +180,9 @@ def run(kind: str, args, rank: int, world: int) -> dict:
            "build_s": build_s, "compile_first_step_s": compile_s,
            "loss": float(last.item()) / world, "allocator_in_timed_steps": allocs}
     if args.profile:
-        out["profile"] = profile_step(one_step)
+        trace = None if args.trace is None or rank != 0 else os.path.join(
+            args.trace, f"{args.model.replace(':', '-').replace('/', '-')}-{kind.replace('@', '-').replace('=', '')}.json")
+        out["profile"] = profile_step(one_step, trace)
     if kind.startswith("colauto"):
         from colauto_backend.parallel.entry import PLANS, SHARDED
         plan = PLANS[-1]
@@ -192,14 +198,23 @@ GEMM = ("gemm", "nvjet", "xmma", "cutlass", "matmul")
 ATTENTION = ("flash", "fmha", "attention", "cudnn")
 
 
-def profile_step(one_step) -> dict:
+def profile_step(one_step, trace: str | None = None) -> dict:
     """One more step under torch.profiler: its GPU time by kind (collectives, GEMMs, attention, the rest),
-    how much of the collectives' time no compute kernel overlaps, and the 25 costliest kernels (this rank)."""
+    how much of the collectives' time no compute kernel overlaps, and the 25 costliest kernels (this rank).
+    With `trace`, the step's Chrome trace is also written there (gzipped: `trace` + ".gz")."""
     from torch.profiler import ProfilerActivity, profile
     from bench.kernel_profile import gpu_events, intervals, overlap_us, union_us
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         one_step()
         sync()
+    if trace is not None:
+        import gzip
+        import shutil
+        os.makedirs(os.path.dirname(trace) or ".", exist_ok=True)
+        prof.export_chrome_trace(trace)
+        with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(trace)
     evs = gpu_events(prof)
     comm = [e for e in evs if any(k in e["name"].lower() for k in COMM)]
     compute = [e for e in evs if not any(k in e["name"].lower() for k in COMM)]
@@ -258,6 +273,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", action="store_true",
                     help="after the timed steps, profile one more step (CUDA): GPU time by kind, exposed collectives")
+    ap.add_argument("--trace", metavar="DIR",
+                    help="with --profile: also write the profiled step's Chrome trace (rank 0) to DIR, gzipped")
     ap.add_argument("--summarize", action="store_true", help="only write OUT/summary.md from OUT's JSON files")
     args = ap.parse_args()
     if args.summarize:
@@ -267,6 +284,8 @@ def main() -> None:
     for kind in args.configs.split(","):
         if kind not in CONFIGS and not kind.startswith("colauto@"):
             ap.error(f"--configs: {kind!r} is not one of {', '.join(CONFIGS)} or colauto@MESH (e.g. colauto@tp=4)")
+    if args.trace and not args.profile:
+        ap.error("--trace writes the --profile step's trace: add --profile")
     if args.profile and not CUDA:
         ap.error("--profile needs CUDA (it times kernels); run without it on a machine without a GPU")
     if CUDA:
