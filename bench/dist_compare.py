@@ -207,15 +207,17 @@ def profile_step(one_step, trace: str | None = None) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         one_step()
         sync()
-    if trace is not None:
+    if trace is not None:       # a profile exports its trace once: read the events from that file
         import gzip
         import shutil
         os.makedirs(os.path.dirname(trace) or ".", exist_ok=True)
         prof.export_chrome_trace(trace)
+        evs = gpu_events(prof, exported=trace)
         with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.remove(trace)
-    evs = gpu_events(prof)
+    else:
+        evs = gpu_events(prof)
     comm = [e for e in evs if any(k in e["name"].lower() for k in COMM)]
     compute = [e for e in evs if not any(k in e["name"].lower() for k in COMM)]
 

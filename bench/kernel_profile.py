@@ -13,10 +13,12 @@ import bench.run as br
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def gpu_events(prof) -> list[dict]:
-    """The profile's GPU events (kernels, copies, memsets) in start order, as the Chrome trace has them."""
-    trace = Path(tempfile.mkdtemp()) / "trace.json"
-    prof.export_chrome_trace(str(trace))
+def gpu_events(prof, exported: str | None = None) -> list[dict]:
+    """The profile's GPU events (kernels, copies, memsets) in start order, as the Chrome trace has them.
+    A profile's trace can be exported once: pass `exported`, the path it was written to, if it was."""
+    trace = Path(exported) if exported else Path(tempfile.mkdtemp()) / "trace.json"
+    if not exported:
+        prof.export_chrome_trace(str(trace))
     return sorted((e for e in json.loads(trace.read_text())["traceEvents"]
                    if e.get("cat") in GPU_CATS and "dur" in e), key=lambda e: float(e["ts"]))
 
