@@ -280,14 +280,16 @@ def _mark_user_visible_outputs(gm: torch.fx.GraphModule, *, is_backward: bool, i
 
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
                       is_inference: bool = False, num_user_outputs: int | None = None,
-                      own_buckets: bool = False) -> Callable:
+                      own_buckets: bool = False, own_gathers: bool = False) -> Callable:
     """Hand an already-partitioned aten graph to Inductor's code generation (no re-partition).
     `num_user_outputs`: the Dynamo graph's outputs, whose strides Inductor keeps as eager's. A graph
     with collectives (a distributed plan) gets Inductor's collective bucketing and compute/communication
     reordering: one all-reduce per parameter, unbucketed and unoverlapped, ran 7% slower on 2 H200s.
     `own_buckets`: the graph's waits were moved to its end and its all-reduces bucketed
     (`parallel.overlap`); Inductor's all-reduce and reduce-scatter bucketing, which merges waits that
-    sit side by side into one collective issued there, stays off."""
+    sit side by side into one collective issued there, stays off. `own_gathers`: the graph's parameter
+    all-gathers were moved ahead of their uses (`parallel.overlap.prefetch_gathers`); Inductor's
+    all-gather bucketing, which would wait for a whole bucket at its first use, stays off."""
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     _mark_user_visible_outputs(gm, is_backward=is_backward, is_inference=is_inference,
@@ -301,6 +303,8 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
         if own_buckets:
             passes.pop("bucket_all_reduces_fx", None)
             passes.pop("bucket_reduce_scatters_fx", None)
+        if own_gathers:
+            passes.pop("bucket_all_gathers_fx", None)
         if _BUCKETING_VIEWS and _all_reduces_a_conv_gradient(gm):
             passes.pop("bucket_all_reduces_fx", None)
             UNBUCKETED["torch 2.11's bucketing views convolution gradients"] += 1

@@ -234,7 +234,9 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False)
                                config.report)
         if inductor:
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
-                                          num_user_outputs=user_outputs, own_buckets=scheduled is not None)
+                                          num_user_outputs=user_outputs,
+                                          own_buckets=scheduled is not None and scheduled.waits_moved > 0,
+                                          own_gathers=scheduled is not None and scheduled.gathers_prefetched > 0)
         else:
             fn = compat.run_as_aten(gm, inputs)
         if recorder is None:

@@ -402,7 +402,8 @@ def emit_fusion(data: dict, setting: str | None) -> None:
 def render_collectives(data: dict) -> str:
     return (f"colauto collectives ({data['graph']}): {data['waits_moved']} waits moved to the graph's end, so their "
             f"collectives overlap the compute after them; {data['all_reduces_bucketed']} all-reduces merged into "
-            f"{data['buckets']} buckets")
+            f"{data['buckets']} buckets; {data.get('gathers_prefetched', 0)} parameter all-gathers issued ahead of "
+            "their use")
 
 
 def emit_collectives(data: dict, setting: str | None) -> None:

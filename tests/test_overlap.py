@@ -131,3 +131,55 @@ def test_a_graph_without_collectives_is_left_alone():
     code = gm.code
     assert overlap.schedule_collectives(gm) is None
     assert gm.code == code
+
+
+def _gather_step(group, *sizes):
+    """x @ w for each parameter shard w, gathered (one rank: the identity) right before its use, as
+    DTensor traces an fsdp-sharded layer."""
+    def step(x, *shards):
+        h = x
+        for w in shards:
+            h = torch.relu(h @ c10d.wait_tensor(c10d.all_gather_into_tensor(w, 1, group)))
+        return h.sum()
+    args = [torch.randn(4, sizes[0][0])] + [torch.randn(s) for s in sizes]
+    return step, args
+
+
+def test_parameter_gathers_are_issued_up_to_the_cap_ahead_and_values_stay_eager(group):
+    sizes = [(8, 8)] * 5                 # 256 bytes each
+    step, args = _gather_step(group, *sizes)
+    gm = _trace(step, *args)
+    expected = step(*args)
+    gathers = gm.graph.find_nodes(op="call_function", target=c10d.all_gather_into_tensor.default)
+    waits = [next(iter(g.users)) for g in gathers]
+    # cap 512: gather i goes before wait j, the earliest j whose later gathers up to i (i - j of them,
+    # 256 bytes each) hold at most 512 bytes: j = i - 2, or wait 0 for gather 1 (gather 0 stays)
+    assert overlap.prefetch_gathers(gm, cap=512) == 4
+    order = _order(gm)
+    for i in range(1, 5):
+        j = max(i - 2, 0)
+        assert order[waits[j - 1] if j >= 1 else gathers[0]] < order[gathers[i]] < order[waits[j]]
+    mms = sorted(_mms(gm), key=order.__getitem__)
+    assert all(order[w] < order[m] for w, m in zip(waits, mms))      # each wait still before its use
+    assert [order[g] for g in gathers] == sorted(order[g] for g in gathers)   # issued in the order of use
+    torch.testing.assert_close(gm(*args), expected, rtol=0, atol=0)
+
+
+def test_a_gather_larger_than_the_cap_or_of_computed_values_stays(group):
+    step, args = _gather_step(group, (8, 8), (8, 8))
+    gm = _trace(step, *args)
+    assert overlap.prefetch_gathers(gm, cap=255) == 0      # each gather alone exceeds the cap
+
+    def activations(x, w):
+        h = c10d.wait_tensor(c10d.all_gather_into_tensor(x @ w, 1, group))   # depends on compute
+        return (h @ w).sum()
+    gm = _trace(activations, torch.randn(4, 4), torch.randn(4, 4))
+    code = gm.code
+    assert overlap.prefetch_gathers(gm, cap=1 << 30) == 0
+    assert gm.code == code
+
+
+def test_schedule_collectives_reports_prefetched_gathers(group):
+    step, args = _gather_step(group, (8, 8), (8, 8), (8, 8))
+    gm = _trace(step, *args)
+    assert overlap.schedule_collectives(gm, "forward") == overlap.Scheduled("forward", 0, 0, 0, 2)

@@ -144,6 +144,9 @@ def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
     runs = [*TP_2, SHARDED_UNDER_BUDGET, TP_REFUSED]
     results = launch(tmp_path, 2, runs)
     check(results, runs, expected_errors=(TP_REFUSED,))
+    # the sharded plan's parameter gathers were issued ahead of their use (parallel.overlap.prefetch_gathers)
+    sharded = [r for res in results for r in res if r["run"] == SHARDED_UNDER_BUDGET]
+    assert sharded and all(r["gathers_prefetched"] > 0 for r in sharded), sharded
     for err in errors_of(results, TP_REFUSED):
         assert err.startswith("ConfigError: COLAUTO_MESH: tensor parallelism cannot run"), err
         assert "batch_norm" in err and "COLAUTO_MESH=fsdp=N" in err and "\n" not in err, err

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from colauto_backend.backend import ANALYSES  # noqa: E402
+from colauto_backend.parallel import overlap  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
 
@@ -59,6 +60,7 @@ def run(spec: str, args) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
     ANALYSES.clear()
+    prefetched = overlap.SUNK["gathers prefetched"]
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
     seq = 32 if hf_zoo.SPECS[name].kind == "image" else args.seq     # the tiny configs' image side
@@ -91,7 +93,8 @@ def run(spec: str, args) -> dict:
            "param_sum": sum(_full(p).double().sum().item() for p in model.parameters()),
            "max_param_diff": max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
-           "chained_all_reduces": chained_all_reduces()}
+           "chained_all_reduces": chained_all_reduces(),
+           "gathers_prefetched": overlap.SUNK["gathers prefetched"] - prefetched}
     if "ckpt" in flags:
         out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
     return out
