@@ -47,8 +47,9 @@ def test_cpu_flash_attention_formula_matches_the_math():
 
 def test_fused_attention_is_timed_at_the_devices_attention_rate():
     """Under bf16 autocast with the h200 preset, each SDPA node's predicted time is its FLOPs by the math
-    (2*b*h*s*s*(d_q+d_v) forward, twice that backward) at the preset's attention rate plus one launch
-    (compute-bound at these sizes), where the matmul rate would give about a quarter of it."""
+    (2*b*h*s*s*(d_q+d_v) forward, twice that backward) at the preset's attention rate for s keys, by the
+    math: 250 TFLOP/s x s / (s + 370), plus one launch (compute-bound at these sizes), where the matmul
+    rate would give a fifth of it or less."""
     from colauto_backend.backend import ANALYSES
     from colauto_backend.cost.device import PRESETS
 
@@ -72,6 +73,24 @@ def test_fused_attention_is_timed_at_the_devices_attention_rate():
     attention = sorted((f, t) for n, t, f in zip(analysis.costs.nodes, ev["_node_times"], ev["_node_flops"])
                        if "scaled_dot_product" in n.op)
     assert [f for f, _ in attention] == [per_pass, 2 * per_pass]
+    rate = 250e12 * s / (s + 370)
     for f, t in attention:
-        assert t == pytest.approx(f / 150e12 + spec.launch_s, rel=1e-9)
-        assert t > 3 * f / spec.matmul_flops
+        assert t == pytest.approx(f / rate + spec.launch_s, rel=1e-9)
+        assert t > 5 * f / spec.matmul_flops
+
+
+def test_attention_dropout_is_read_from_the_ops_schema():
+    """dropout_p, wherever the op's schema puts it (positional, keyword, or its default), marks an
+    attention node as applying dropout (costed attention_dropout_factor times as long)."""
+    from colauto_backend.cost import flops as F
+    aten = torch.ops.aten
+    q = k = v = torch.empty(1, 2, 8, 4)
+    assert F.attention_dropout(aten._scaled_dot_product_cudnn_attention.default, (q, k, v, None, True, 0.1), {})
+    assert not F.attention_dropout(aten._scaled_dot_product_cudnn_attention.default, (q, k, v, None, True), {})
+    assert F.attention_dropout(aten._scaled_dot_product_flash_attention.default, (q, k, v), {"dropout_p": 0.2})
+    assert not F.attention_dropout(aten._scaled_dot_product_flash_attention.default, (q, k, v, 0.0), {})
+    # per key position: the forward's FLOPs over s_k, and the backward's twice that
+    assert F.attention_per_key(aten._scaled_dot_product_flash_attention.default, (q, k, v)) == 2 * 1 * 2 * 8 * (4 + 4)
+    grad = torch.empty(1, 2, 8, 4)
+    assert F.attention_per_key(aten._scaled_dot_product_flash_attention_backward.default,
+                               (grad, q, k, v)) == 4 * 1 * 2 * 8 * (4 + 4)

@@ -89,6 +89,24 @@ def is_attention(op: Any) -> bool:
     return getattr(op, "overloadpacket", None) in ATTENTION
 
 
+def attention_per_key(op: Any, args: tuple) -> Expr:
+    """A fused attention node's FLOPs per key position (its FLOPs over s_k): what a fixed cost per query
+    tile adds for each key position's worth of it (cost/device.py: DeviceSpec.attention_key_overhead)."""
+    q, k, v = (args[0], args[1], args[2]) if op.overloadpacket in _ATTENTION_FWD else (args[1], args[2], args[3])
+    b, h, s_q, d_q = shape(q)
+    per_key = 2 * b * h * s_q * (d_q + shape(v)[-1])
+    return per_key if op.overloadpacket in _ATTENTION_FWD else 2 * per_key
+
+
+def attention_dropout(op: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a fused attention node applies dropout (its `dropout_p` argument, by the op's schema)."""
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name == "dropout_p":
+            p = args[i] if i < len(args) else kwargs.get("dropout_p", arg.default_value)
+            return isinstance(p, (int, float)) and p > 0
+    return False
+
+
 @formula(*_ATTENTION_FWD)
 def _sdpa(q, k, v, *_, **__) -> Expr:
     return _attention(q, k, v)

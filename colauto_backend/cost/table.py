@@ -48,6 +48,8 @@ class CostTable:
     launches: np.ndarray   # 1 where the node launches a kernel
     half: np.ndarray       # True where the low-precision matmul rate applies
     attention: np.ndarray  # True for fused attention kernels (SDPA forward/backward): the attention rate
+    per_key: np.ndarray    # (n_nodes, n_terms): an attention node's FLOPs per key position, else 0
+    dropout: np.ndarray    # True for an attention node that applies dropout
     layers_using: np.ndarray   # how many layers read each node's value (at least 1; see _layers_using)
 
     def unknown_ops(self) -> dict[str, int]:
@@ -71,6 +73,9 @@ class CostTable:
         b = _pad(self.moved, k) @ values
         rate = np.where(self.half, np.where(self.attention, device.attention_rate, device.matmul_flops),
                         device.matmul_flops_fp32)
+        fused = self.attention & self.half       # low-precision fused attention: its own model (cost/device.py)
+        f = np.where(fused, (f + device.attention_key_overhead * (_pad(self.per_key, k) @ values))
+                     * np.where(self.dropout, device.attention_dropout_factor, 1.0), f)
         return np.maximum(f / rate, b / device.bandwidth) + self.launches * device.launch_s
 
 
@@ -127,7 +132,7 @@ def module_path(n: fx.Node) -> str:
 
 def build(graph: fx.Graph, basis: Basis) -> CostTable:
     """Cost every call node of `graph` (nodes tagged is_backward count as the backward phase)."""
-    nodes, f_rows, m_rows, r_rows, launches, attention = [], [], [], [], [], []
+    nodes, f_rows, m_rows, r_rows, launches, attention, per_key, dropout = [], [], [], [], [], [], [], []
     for n in graph.nodes:
         if n.op != "call_function":
             continue
@@ -142,9 +147,11 @@ def build(graph: fx.Graph, basis: Basis) -> CostTable:
         r_rows.append(basis.sparse(rd))
         launches.append(0.0 if kind == "view" else 1.0)
         attention.append(F.is_attention(n.target))
+        per_key.append(basis.sparse(F.attention_per_key(n.target, _val(n.args))) if attention[-1] else ())
+        dropout.append(attention[-1] and F.attention_dropout(n.target, _val(n.args), {k: _val(v) for k, v in n.kwargs.items()}))
     return CostTable(nodes, basis, basis.dense(f_rows), basis.dense(m_rows), basis.dense(r_rows), np.array(launches),
                      np.array([n.half for n in nodes], dtype=bool), np.array(attention, dtype=bool),
-                     _layers_using(graph))
+                     basis.dense(per_key), np.array(dropout, dtype=bool), _layers_using(graph))
 
 
 def layer_of(path: str) -> str:
