@@ -63,3 +63,21 @@ def test_predicted_breakdown_equals_a_static_capture_at_the_same_size():
     # the dynamic-shape graph may hold a kernel or two more (ops on the scalars Dynamo passes as inputs)
     launch = colauto_backend.cost.device.PRESETS["h200"].launch_s
     assert abs(got["step"] - prof.est_step_time_s) <= 2 * launch + 1e-12, (got["step"], prof.est_step_time_s)
+
+
+def test_attention_presets_are_the_fit_of_the_committed_profiles():
+    """The h100/h200 presets' attention model is what bench.attention_fit computes from the profiles under
+    bench/results (least squares over the runs without dropout; the dropout runs' geometric-mean ratio), and
+    the model's time is within 10% of all but one of those runs."""
+    from bench import attention_fit
+    from colauto_backend.cost.device import PRESETS
+    points = attention_fit.runs()
+    assert sum(not p["dropout"] for p in points) >= 14 and any(p["dropout"] for p in points)
+    rate, overhead = attention_fit.fit(points)
+    for name in ("h100", "h200"):
+        spec = PRESETS[name]
+        assert (spec.attention_flops, spec.attention_key_overhead) == (rate, overhead)
+    drops = [rate * p["s_k"] / (p["s_k"] + overhead) / p["rate"] for p in points if p["dropout"]]
+    assert round(math.exp(sum(map(math.log, drops)) / len(drops)), 2) == PRESETS["h200"].attention_dropout_factor
+    errors = [abs(p["rate"] / (rate * p["s_k"] / (p["s_k"] + overhead)) - 1) for p in points if not p["dropout"]]
+    assert sum(e > 0.10 for e in errors) <= 1, errors
