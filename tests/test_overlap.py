@@ -183,3 +183,26 @@ def test_schedule_collectives_reports_prefetched_gathers(group):
     step, args = _gather_step(group, (8, 8), (8, 8), (8, 8))
     gm = _trace(step, *args)
     assert overlap.schedule_collectives(gm, "forward") == overlap.Scheduled("forward", 0, 0, 0, 2)
+
+
+def test_a_gather_never_moves_ahead_of_another_collective(group):
+    """Every rank must issue its collectives in one order, whatever each rank's graph let it move: a
+    gather is issued early only up to the collective before it."""
+    def step(x, w0, w1, w2):
+        h = torch.relu(x @ c10d.wait_tensor(c10d.all_gather_into_tensor(w0, 1, group)))
+        h = c10d.wait_tensor(c10d.all_reduce(h, "sum", group))            # an activation's collective
+        h = torch.relu(h @ c10d.wait_tensor(c10d.all_gather_into_tensor(w1, 1, group)))
+        return (h @ c10d.wait_tensor(c10d.all_gather_into_tensor(w2, 1, group))).sum()
+
+    args = [torch.randn(4, 8)] + [torch.randn(8, 8) for _ in range(3)]
+    gm = _trace(step, *args)
+    expected = step(*args)
+    starts = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in (
+        c10d.all_gather_into_tensor.default, c10d.all_reduce.default)]
+    # w1's and w2's gathers move up to just after the all-reduce (ahead of its wait), not ahead of it
+    assert overlap.prefetch_gathers(gm, cap=1 << 20) == 2
+    order = _order(gm)
+    assert sorted(starts, key=order.__getitem__) == starts          # the collectives keep their order
+    assert [order[n] - order[starts[1]] for n in starts[2:]] == [1, 2]
+    assert order[starts[3]] < order[next(iter(starts[1].users))]   # before the all-reduce's wait
+    torch.testing.assert_close(gm(*args), expected, rtol=0, atol=0)

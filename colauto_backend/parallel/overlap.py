@@ -118,11 +118,19 @@ def _input_chain(node: fx.Node) -> list[fx.Node] | None:
     return [n for n in node.graph.nodes if n in chain]
 
 
+def _starts_collective(node: fx.Node) -> bool:
+    target = getattr(node, "target", None)
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+            and target.namespace == "_c10d_functional" and target is not WAIT)
+
+
 def prefetch_gathers(gm: fx.GraphModule, cap: int = PREFETCH_BYTES) -> int:
     """Issue each all-gather of graph inputs (a sharded parameter) before the wait of the earliest
     earlier gather j such that the gathers after j, up to and including this one, hold at most `cap`
-    bytes (in the order of their waits); its wait stays where it is. Returns how many gathers moved (also
-    counted in SUNK)."""
+    bytes (in the order of their waits); its wait stays where it is. A gather never moves ahead of
+    another collective: every rank must issue its collectives in one order, and a rank's graph can
+    differ from another's (an uneven shard is padded on one rank only), so the order must not depend on
+    which gathers a rank could move. Returns how many gathers moved (also counted in SUNK)."""
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
     gathers = []          # (gather, its input chain, its wait, gathered bytes), in the order of the waits
@@ -142,12 +150,21 @@ def prefetch_gathers(gm: fx.GraphModule, cap: int = PREFETCH_BYTES) -> int:
             ahead -= gathers[j][3]
         if j == i:
             continue
-        anchor = gathers[j][2]
-        if order[anchor] > order[g]:
+        # walk back from the gather to the anchor (an earlier gather's wait: waits never move), stopping
+        # after the first other collective on the way
+        anchor, chained, passed = gathers[j][2], set(chain), []
+        node = g.prev
+        while node is not anchor and node.op != "root" and not (_starts_collective(node) and node not in chained):
+            passed.append(node)
+            node = node.prev
+        if node.op == "root":
             continue
-        for node in [*chain, g]:
-            if order[node] > order[anchor]:
-                anchor.prepend(node)
+        target = anchor if node is anchor else node.next
+        to_move = [n for n in reversed(passed) if n in chained] + [g]
+        if not any(n not in chained for n in passed):      # nothing but its own chain between: in place
+            continue
+        for n in to_move:
+            target.prepend(n)
         moved += 1
     if moved:
         graph.lint()
