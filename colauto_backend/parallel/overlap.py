@@ -115,6 +115,8 @@ def _input_chain(node: fx.Node) -> list[fx.Node] | None:
             return None
         chain.add(n)
         stack.extend(n.all_input_nodes)
+    if not chain:        # DTensor's gathers read the shard itself
+        return []
     return [n for n in node.graph.nodes if n in chain]
 
 
