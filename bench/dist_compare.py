@@ -181,7 +181,7 @@ def run(kind: str, args, rank: int, world: int) -> dict:
            "loss": float(last.item()) / world, "allocator_in_timed_steps": allocs}
     if args.profile:
         trace = None if args.trace is None or rank != 0 else os.path.join(
-            args.trace, f"{args.model.replace(':', '-').replace('/', '-')}-{kind.replace('@', '-').replace('=', '')}.json")
+            args.trace, f"{model_tag(args.model)}-{config_label(kind)}.json")
         out["profile"] = profile_step(one_step, trace)
     if kind.startswith("colauto"):
         from colauto_backend.parallel.entry import PLANS, SHARDED
@@ -191,6 +191,16 @@ def run(kind: str, args, rank: int, world: int) -> dict:
                    grad_fallbacks=sharded.grad_fallbacks if sharded else 0)
     del model, fn, opt
     return out
+
+
+def model_tag(model: str) -> str:
+    """hf/llama:bench -> hf-llama-bench (file names)."""
+    return model.replace(":", "-").replace("/", "-")
+
+
+def config_label(kind: str) -> str:
+    """colauto@tp=4 -> colauto-tp4 (file names)."""
+    return kind.replace("@", "-").replace("=", "")
 
 
 COMM = ("nccl",)
@@ -305,9 +315,7 @@ def main() -> None:
             result = {"config": kind, "error": f"{type(exc).__name__}: {exc}"[:2000],
                       "trace": traceback.format_exc()[-3000:]}
         if rank == 0:
-            tag = args.model.replace(":", "-").replace("/", "-")      # hf/llama:bench -> hf-llama-bench
-            label = kind.replace("@", "-").replace("=", "")
-            with open(os.path.join(args.out, f"{tag}-{world}gpu-{label}.json"), "w") as f:
+            with open(os.path.join(args.out, f"{model_tag(args.model)}-{world}gpu-{config_label(kind)}.json"), "w") as f:
                 json.dump(meta | result, f, indent=1, default=str)
             print(json.dumps({k: v for k, v in result.items() if k not in ("steps_s", "trace", "predicted")},
                              default=str), flush=True)
