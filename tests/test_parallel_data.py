@@ -104,6 +104,8 @@ def check(results: list[list[dict]], runs: list[str], expected_errors: tuple[str
             # a gradient reduced over several axes (dp x tp) is one collective over their flattened group,
             # not one all-reduce per axis in sequence (DTensor's default without a flattened mesh)
             assert r["chained_all_reduces"] == 0, (run, r["rank"], r["chained_all_reduces"])
+            # zero_grad(set_to_none=True) frees the gradients: none is left on the module by the next forward
+            assert r["stale_grads"] == 0, (run, r["rank"], r["stale_grads"])
         # the ranks hold the same parameters: their gradients were averaged, not left per rank
         assert len({r["param_sum"] for r in per_rank}) == 1, (run, [r["param_sum"] for r in per_rank])
 

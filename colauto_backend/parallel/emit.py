@@ -59,6 +59,7 @@ class Sharded:
         self.dparam: dict[int, DTensor] = {}          # id(original tensor) -> its DTensor replacement
         self.grad_fallbacks = 0                        # gradients that arrived in another placement
         self.held: list[DTensor] = []                  # this forward's compiled graphs' outputs (holding_outputs)
+        self.grad_pairs: list[tuple[weakref.ref, DTensor]] = []   # (original, its DTensor), one shared gradient
         self.done = False
         # No tensor parallelism: every layer computes on full parameters. A parameter read gives a plain
         # tensor (gathered; its gradient each rank's part, averaged back into the shard), and the user's
@@ -162,6 +163,7 @@ class Sharded:
         `.grad`, its local tensor (what an optimizer built before compiling steps). Whichever side the
         script clears (optimizer or module zero_grad), the next backward starts both afresh."""
         ref = weakref.ref(original)
+        self.grad_pairs.append((ref, d))
 
         def before_accumulate(grad):
             o = ref()      # None once nothing holds the original (no optimizer was built before compiling)
@@ -217,6 +219,24 @@ class Sharded:
     def _outputs_hook(self, module, args, output):
         held, self.held = self.held, []
         return tree_map(self.to_output, _tie_to_loss(output, held))
+
+    def release_cleared_grads(self) -> None:
+        """A gradient the script cleared on one side (an optimizer built before compiling clears the
+        originals, `model.zero_grad()` the DTensors) is dropped on the other side too: the two share one
+        storage, which the other side's view would keep alive until backward replaces it (a whole local
+        gradient copy held through the next forward)."""
+        for ref, d in self.grad_pairs:
+            o = ref()
+            if o is not None and (o.grad is None) != (d.grad is None):
+                o.grad = d.grad = None
+
+    def releasing_cleared_grads(self, compiled: Callable) -> Callable:
+        """`compiled` (a graph of this module's re-trace), run after `release_cleared_grads`."""
+        def run(*args):
+            self.release_cleared_grads()
+            return compiled(*args)
+        functools.update_wrapper(run, compiled)      # keeps `_boxed_call`
+        return run
 
     def holding_outputs(self, compiled: Callable) -> Callable:
         """`compiled` (a graph of this module's re-trace), whose DTensor outputs that need gradients are

@@ -55,7 +55,9 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
             compiled = make_local(data.DataParallel.world_group(reduce_grads=False) if plain else None,
                                   budget)(gm, example_inputs)
             # with tp, its DTensor outputs are tied to the module's loss (a graph break's can go unused)
-            _COMPILED[key] = compiled if owner is None or plain else owner.holding_outputs(compiled)
+            compiled = compiled if owner is None or plain else owner.holding_outputs(compiled)
+            # gradients the script cleared on one side are freed on the other before the forward runs
+            _COMPILED[key] = compiled if owner is None else owner.releasing_cleared_grads(compiled)
         return _COMPILED[key]
     candidates = mesh.candidates(config.mesh, mesh.world_size())  # a COLAUTO_MESH that cannot fit: say so first
     mesh.ensure_process_group()

@@ -89,7 +89,14 @@ def run(spec: str, args) -> dict:
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
         ref_losses.append(r.item())
+    # the next step's forward (no backward): the gradients the optimizer cleared are gone on the module's
+    # side too (a sharded module's DTensor parameters share them with the originals: Sharded.release_cleared_grads)
+    del loss
+    next_out = compiled(**local)
+    stale_grads = sum(p.grad is not None for p in model.parameters())
+    del next_out
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "error": None,
+           "stale_grads": stale_grads,
            "param_sum": sum(_full(p).double().sum().item() for p in model.parameters()),
            "max_param_diff": max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
