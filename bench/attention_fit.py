@@ -40,22 +40,32 @@ def runs() -> list[dict]:
     return out
 
 
+def model_rate(p: dict, rate: float, overhead: float) -> float:
+    """The model's FLOP/s for run `p` without dropout: rate * s_k / (s_k + overhead)."""
+    return rate * p["s_k"] / (p["s_k"] + overhead)
+
+
 def fit(points: list[dict]) -> tuple[float, float]:
     plain = [p for p in points if not p["dropout"]]
-    best = min(((sum(math.log(r * 1e12 * p["s_k"] / (p["s_k"] + c) / p["rate"]) ** 2 for p in plain), r, c)
+    best = min(((sum(math.log(model_rate(p, r * 1e12, c) / p["rate"]) ** 2 for p in plain), r, c)
                 for r in range(100, 400) for c in range(0, 2000, 5)))
     return best[1] * 1e12, float(best[2])
+
+
+def dropout_factor(points: list[dict], rate: float, overhead: float) -> float:
+    """The geometric mean, over the runs with dropout, of their time over the model's without it."""
+    drops = [model_rate(p, rate, overhead) / p["rate"] for p in points if p["dropout"]]
+    return math.exp(sum(map(math.log, drops)) / len(drops)) if drops else 1.0
 
 
 def main() -> None:
     points = runs()
     rate, overhead = fit(points)
-    drops = [p["rate"] and (rate * p["s_k"] / (p["s_k"] + overhead)) / p["rate"] for p in points if p["dropout"]]
-    factor = math.exp(sum(map(math.log, drops)) / len(drops)) if drops else 1.0
+    factor = dropout_factor(points, rate, overhead)
     print(f"fit over {sum(not p['dropout'] for p in points)} runs: R = {rate / 1e12:.0f} TFLOP/s, c = {overhead:.0f} keys; "
-          f"dropout factor {factor:.2f} ({len(drops)} runs)")
+          f"dropout factor {factor:.2f} ({sum(p['dropout'] for p in points)} runs)")
     for p in points:
-        model = rate * p["s_k"] / (p["s_k"] + overhead) / (factor if p["dropout"] else 1.0)
+        model = model_rate(p, rate, overhead) / (factor if p["dropout"] else 1.0)
         print(f"  {p['path'][:78]:78s} {p['config']:15s} {p['ms']:8.2f} ms {p['rate'] / 1e12:6.1f} TFLOP/s, "
               f"model {model / 1e12:6.1f}: model's time {p['rate'] / model - 1:+6.1%}")
 

@@ -79,7 +79,6 @@ def test_attention_presets_are_the_fit_of_the_committed_profiles():
         assert (spec.attention_flops, spec.attention_key_overhead) == (rate, overhead), (
             "a profile committed under bench/results moved the fit: run `python -m bench.attention_fit` and "
             "set its R and c in colauto_backend/cost/device.py")
-    drops = [rate * p["s_k"] / (p["s_k"] + overhead) / p["rate"] for p in points if p["dropout"]]
-    assert round(math.exp(sum(map(math.log, drops)) / len(drops)), 2) == PRESETS["h200"].attention_dropout_factor
-    errors = [abs(p["rate"] / (rate * p["s_k"] / (p["s_k"] + overhead)) - 1) for p in points if not p["dropout"]]
+    assert round(attention_fit.dropout_factor(points, rate, overhead), 2) == PRESETS["h200"].attention_dropout_factor
+    errors = [abs(p["rate"] / attention_fit.model_rate(p, rate, overhead) - 1) for p in points if not p["dropout"]]
     assert sum(e > 0.10 for e in errors) <= 1, errors

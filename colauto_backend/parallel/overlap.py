@@ -70,6 +70,17 @@ _COPIES = {torch.ops.aten._to_copy.default, torch.ops.aten.clone.default, torch.
            torch.ops.aten.view.default, torch.ops.aten.reshape.default}
 
 
+def _rewritten(gm: fx.GraphModule, changes: int, counter: str, graphs: bool = False) -> int:
+    """After a pass changed `changes` things in `gm` (0: nothing): check and regenerate it, count them."""
+    if changes:
+        gm.graph.lint()
+        gm.recompile()
+        SUNK[counter] += changes
+        if graphs:
+            SUNK["graphs"] += 1
+    return changes
+
+
 def sink_waits(gm: fx.GraphModule) -> int:
     """Move each collective's wait, with the light ops that follow it, to just before the output, where
     nothing but the outputs depends on them; returns how many waits moved (also counted in SUNK)."""
@@ -95,17 +106,13 @@ def sink_waits(gm: fx.GraphModule) -> int:
         for node in sorted(downstream, key=order.__getitem__):
             output.prepend(node)
         moved += 1
-    if moved:
-        graph.lint()
-        gm.recompile()
-        SUNK["graphs"] += 1
-        SUNK["waits"] += moved
-    return moved
+    return _rewritten(gm, moved, "waits", graphs=True)
 
 
-def _input_chain(node: fx.Node) -> list[fx.Node] | None:
-    """The nodes `node` depends on back to the graph's inputs, in graph order, if all are light (casts,
-    views of a parameter shard); None if it depends on compute (an activation's gather)."""
+def _input_chain(node: fx.Node) -> set[fx.Node] | None:
+    """The nodes `node` depends on back to the graph's inputs, if all are light (casts, views of a
+    parameter shard; none where DTensor's gather reads the shard itself); None if it depends on compute
+    (an activation's gather)."""
     chain, stack = set(), list(node.all_input_nodes)
     while stack:
         n = stack.pop()
@@ -115,9 +122,7 @@ def _input_chain(node: fx.Node) -> list[fx.Node] | None:
             return None
         chain.add(n)
         stack.extend(n.all_input_nodes)
-    if not chain:        # DTensor's gathers read the shard itself
-        return []
-    return [n for n in node.graph.nodes if n in chain]
+    return chain
 
 
 def _starts_collective(node: fx.Node) -> bool:
@@ -154,7 +159,7 @@ def prefetch_gathers(gm: fx.GraphModule, cap: int = PREFETCH_BYTES) -> int:
             continue
         # walk back from the gather to the anchor (an earlier gather's wait: waits never move), stopping
         # after the first other collective on the way
-        anchor, chained, passed = gathers[j][2], set(chain), []
+        anchor, chained, passed = gathers[j][2], chain, []
         node = g.prev
         while node is not anchor and node.op != "root" and not (_starts_collective(node) and node not in chained):
             passed.append(node)
@@ -168,12 +173,7 @@ def prefetch_gathers(gm: fx.GraphModule, cap: int = PREFETCH_BYTES) -> int:
         for n in to_move:
             target.prepend(n)
         moved += 1
-    if moved:
-        graph.lint()
-        gm.recompile()
-        SUNK["graphs"] += 1
-        SUNK["gathers prefetched"] += moved
-    return moved
+    return _rewritten(gm, moved, "gathers prefetched", graphs=True)
 
 
 @dataclasses.dataclass
@@ -241,11 +241,7 @@ def bucket_all_reduces(gm: fx.GraphModule, cap: int = BUCKET_BYTES) -> int:
             close(key)
     for key in list(open_buckets):
         close(key)
-    if merged:
-        graph.lint()
-        gm.recompile()
-        SUNK["all-reduces bucketed"] += merged
-    return merged
+    return _rewritten(gm, merged, "all-reduces bucketed")
 
 
 def _merge(graph: fx.Graph, members: list[fx.Node], order: dict[fx.Node, int]) -> None:
