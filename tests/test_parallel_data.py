@@ -143,11 +143,13 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
 def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
     """TP_2 and SHARDED_UNDER_BUDGET train like one process; tp forced on a BatchNorm model (TP_REFUSED)
     is one line naming the ops (an op that cannot run replicated: tests/test_dist_plan.py)."""
-    runs = [*TP_2, SHARDED_UNDER_BUDGET, TP_REFUSED]
+    # the same model sharded again in the same process under another codegen compiles its own graphs (they
+    # were once looked up by a key holding a dead mesh's id, and the first model's came back)
+    runs = [*TP_2, SHARDED_UNDER_BUDGET, SHARDED_UNDER_BUDGET + "+inductor", TP_REFUSED]
     results = launch(tmp_path, 2, runs)
     check(results, runs, expected_errors=(TP_REFUSED,))
     # the sharded plan's parameter gathers were issued ahead of their use (parallel.overlap.prefetch_gathers)
-    sharded = [r for res in results for r in res if r["run"] == SHARDED_UNDER_BUDGET]
+    sharded = [r for res in results for r in res if r["run"].startswith(SHARDED_UNDER_BUDGET)]
     assert sharded and all(r["gathers_prefetched"] > 0 for r in sharded), sharded
     for err in errors_of(results, TP_REFUSED):
         assert err.startswith("ConfigError: COLAUTO_MESH: tensor parallelism cannot run"), err

@@ -60,6 +60,7 @@ class Sharded:
         self.grad_fallbacks = 0                        # gradients that arrived in another placement
         self.held: list[DTensor] = []                  # this forward's compiled graphs' outputs (holding_outputs)
         self.grad_pairs: list[tuple[weakref.ref, DTensor]] = []   # (original, its DTensor), one shared gradient
+        self.compiled: dict[tuple, Callable] = {}      # its re-traced graphs (parallel/entry.py), compiled
         self.done = False
         # No tensor parallelism: every layer computes on full parameters. A parameter read gives a plain
         # tensor (gathered; its gradient each rank's part, averaged back into the shard), and the user's

@@ -26,7 +26,7 @@ from .plan import ParallelPlan
 DEFAULT_BUDGET_FRACTION = 0.9
 SHARDED: collections.deque[emit.Sharded] = counters.records("sharded modules", maxlen=None)   # sharded in this process
 PLANS: collections.deque[ParallelPlan] = counters.records("parallel plans", maxlen=None)   # each graph compiled on several ranks
-_COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, grad mode, inputs) -> its compiled callable
+_COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, grad mode, inputs) -> compiled, no Sharded owner
 
 
 def _signature(t) -> tuple:
@@ -46,8 +46,11 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     """`make_local()` is the single-device backend; `make_local(dp)` the same averaging gradients over `dp`."""
     if any(isinstance(t, DTensor) for t in example_inputs):      # the re-trace of a sharded module
         key = (gm.code, torch.is_grad_enabled(), tuple(_signature(t) for t in example_inputs))
-        if key not in _COMPILED:    # the first call compiled it; the user's recompile traces the same graph
-            owner = next(filter(None, map(emit.owner, example_inputs)), None)
+        owner = next(filter(None, map(emit.owner, example_inputs)), None)
+        # one cache per sharded module: its compiled graphs are bound to it (its gradients, its outputs), and
+        # the key's mesh id can be a dead module's reused address (a second model got the first's graph)
+        cache = owner.compiled if owner is not None else _COMPILED
+        if key not in cache:    # the first call compiled it; the user's recompile traces the same graph
             # plain mode: the graph's losses are each rank's, averaged as under data parallelism
             plain = owner is not None and owner.plain
             # each rank's graphs are compiled (and rematerialized) under the budget the plan was made for
@@ -57,8 +60,8 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
             # with tp, its DTensor outputs are tied to the module's loss (a graph break's can go unused)
             compiled = compiled if owner is None or plain else owner.holding_outputs(compiled)
             # gradients the script cleared on one side are freed on the other before the forward runs
-            _COMPILED[key] = compiled if owner is None else owner.releasing_cleared_grads(compiled)
-        return _COMPILED[key]
+            cache[key] = compiled if owner is None else owner.releasing_cleared_grads(compiled)
+        return cache[key]
     candidates = mesh.candidates(config.mesh, mesh.world_size())  # a COLAUTO_MESH that cannot fit: say so first
     mesh.ensure_process_group()
     if not any(isinstance(t, torch.nn.Parameter) for t in example_inputs):
