@@ -539,6 +539,27 @@ def static_input_indices(gm: torch.fx.GraphModule, is_backward: bool) -> list[in
     return list(get_static_input_idxs(0))      # the compile's fw_metadata; none without one
 
 
+def joint_param_positions(example_inputs: list, indices: list[int], num_primals: int) -> tuple[list[int], list[int] | None]:
+    """(The joint graph's primal positions of the inputs AOT passes as `static_lifetime_input_indices`,
+    parameters and buffers; the position of each one that trains, its gradient's owner), the second None
+    where no input is flattened (then a gradient output's position is its input's).
+
+    AOT (torch 2.11-2.13) passes the indices as positions among the compiled graph's inputs, before a
+    tensor subclass (a DTensor parameter) is flattened into several primals, and its backward's outputs
+    do not line up with the primals either (a DeviceMesh input is a primal with no gradient slot). On a
+    sharded graph the memory model counted half of HF Llama's parameters as batch inputs, without
+    optimizer state. A DTensor's own tensor is its first flattened primal."""
+    from torch._functorch._aot_autograd.subclass_utils import remap_unwrapped_subclass_arg_indices
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    if len(example_inputs) == num_primals or not any(is_traceable_wrapper_subclass(t) for t in example_inputs):
+        return list(indices), None
+    wrapped = list(example_inputs)
+    static = remap_unwrapped_subclass_arg_indices(wrapped, list(indices))
+    trained = [remap_unwrapped_subclass_arg_indices(wrapped, [i])[0] for i in indices
+               if isinstance(wrapped[i], torch.Tensor) and wrapped[i].requires_grad]
+    return static, trained
+
+
 def mark_running_backward(device_index: int) -> None:
     """Tell the CUDA graph tree manager that a backward runs outside CUDA graphs after a graphed forward."""
     manager = torch._inductor.cudagraph_trees.get_manager(device_index, create_if_none_exists=False)

@@ -103,7 +103,10 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                 on_analysis(analysis)
 
         def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **kw):
-            params = static_lifetime_input_indices or []
+            primals = sum(1 for n in joint.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents"))
+            params, trained = compat.joint_param_positions(example_inputs, static_lifetime_input_indices or [], primals)
+            if trained is not None:   # the memory model cannot pair gradients with primals by position here
+                memory.mark_trained(joint.graph, params, trained)
             if dp is not None:
                 data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=dp)
             if config.codegen in ("inductor", "triton"):
@@ -126,8 +129,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                                               recomputed=planner.recomputed_in(bw_k, joint))
             placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
             grads = list(bw.graph.nodes)[-1].args[0]
-            buffers = frozenset(placeholders[i].name for i in params
-                                if i >= len(grads) or grads[i] is None)   # static, no gradient
+            no_grad = ((lambda i: i not in trained) if trained is not None
+                       else (lambda i: i >= len(grads) or grads[i] is None))
+            buffers = frozenset(placeholders[i].name for i in params if no_grad(i))   # static, no gradient
             # a candidate's partition is modeled, not run: exactly for aten (default_partition follows the
             # tags); under min-cut (Inductor, Triton), which also places untagged views, within a few %,
             # and the planner checks the plan it chooses on its real partition

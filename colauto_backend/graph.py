@@ -126,6 +126,24 @@ def node_times(costs, times: np.ndarray) -> dict[str, float]:
 
 
 
+def inputs_read_by_backward(joint: fx.Graph) -> frozenset[int]:
+    """Positions of the joint graph's primal inputs whose own storage the backward reads: the input, or a
+    view of it, is an input of a backward node. A parameter read only through a cast (autocast's bf16
+    copy, which the forward saves) is not one: its backward reads the copy."""
+    out = set()
+    for i, p in enumerate(n for n in joint.nodes if n.op == "placeholder" and not n.name.startswith("tangents")):
+        stack, seen = [p], {p}
+        while stack and i not in out:
+            for user in stack.pop().users:
+                if is_backward(user):
+                    out.add(i)
+                    break
+                if user.op == "call_function" and is_aliasing(user.target) and user not in seen:
+                    seen.add(user)
+                    stack.append(user)
+    return frozenset(out)
+
+
 def read_by_backward_before(joint: fx.Graph, last_backward_node: str) -> frozenset[str]:
     """Forward nodes that some backward node up to `last_backward_node` (joint order) reads."""
     out = set()

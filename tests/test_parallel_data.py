@@ -106,8 +106,32 @@ def check(results: list[list[dict]], runs: list[str], expected_errors: tuple[str
             assert r["chained_all_reduces"] == 0, (run, r["rank"], r["chained_all_reduces"])
             # zero_grad(set_to_none=True) frees the gradients: none is left on the module by the next forward
             assert r["stale_grads"] == 0, (run, r["rank"], r["stale_grads"])
+            check_memory_terms(run, r)
         # the ranks hold the same parameters: their gradients were averaged, not left per rank
         assert len({r["param_sum"] for r in per_rank}) == 1, (run, [r["param_sum"] for r in per_rank])
+
+
+def check_memory_terms(run: str, r: dict) -> None:
+    """The memory model of the graph that ran counts the rank's own parameters (its local shards, against
+    the module's) and AdamW's two moments of each that trains; and the plan's predicted peak, made
+    before that graph existed, agrees with it.
+
+    AOT names parameters by their position before a DTensor is flattened into several graph inputs, and
+    its gradient outputs do not line up with the flattened inputs: the sharded graph's model counted half
+    of HF Llama's parameters under fsdp=2 as batch inputs, and under tp=2 left one out of the optimizer
+    state. On these tiny models parameters dominate the peak: dp and fsdp plans are within -3%..+17% of
+    the graph's (a gathered copy the fp32 backward reads is counted at the peak; OPT is +17%); tp plans
+    within -12%..+13% (tp's gathered activations are costed per layer from the column inputs: HF Llama
+    under aten is -11%)."""
+    if not r["graph_param_bytes"]:     # the last graph holds no parameter (after a graph break)
+        return
+    assert r["graph_optimizer_bytes"] == 2 * r["trained_param_bytes"], (run, r)
+    # buffers, and the 2-element tensor AOT flattens from each DTensor parameter beside its local tensor
+    assert 0 <= r["graph_param_bytes"] - r["local_param_bytes"] <= r["buffer_bytes"] + 1024, (run, r)
+    if r["plan_peak_bytes"] is not None:
+        ratio = r["plan_peak_bytes"] / r["graph_peak_bytes"]
+        low = 0.85 if "tp" in run.split("@")[1] else 0.96
+        assert low <= ratio <= 1.2, (run, ratio, r["plan_peak_bytes"], r["graph_peak_bytes"])
 
 
 def test_two_processes_train_hf_models_like_one(tmp_path):

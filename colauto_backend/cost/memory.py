@@ -330,6 +330,27 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
                     inputs=total["inputs"], saved_nodes=saved_nodes, fused=frozenset(sim.fused_names))
 
 
+TRAINS = "colauto_trains"   # a primal placeholder's meta: whether it is a parameter that trains (mark_trained)
+
+
+def mark_trained(joint: fx.Graph, param_indices: Sequence[int], trained: Sequence[int]) -> None:
+    """Record on the joint graph's parameter primals which of them train, where the backward's gradient
+    outputs do not line up with the primals (a graph of DTensor inputs: compat.joint_param_positions).
+    The forward graph's placeholders carry the mark (the partitioner copies their meta)."""
+    primals = [n for n in joint.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
+    trains = set(trained)
+    for i in param_indices:
+        primals[i].meta[TRAINS] = i in trains
+
+
+def _trained(fw_ph: list[fx.Node], params: set[int], grads: list) -> list[int]:
+    """The parameters (primal positions) that train: as marked (mark_trained), else those whose
+    gradient output, at the same position, exists."""
+    if any(TRAINS in fw_ph[i].meta for i in params if i < len(fw_ph)):
+        return [i for i in sorted(params) if fw_ph[i].meta.get(TRAINS)]
+    return [i for i in sorted(params) if i < len(grads) and grads[i] is not None]
+
+
 def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_fwd_outputs: int,
               device: DeviceSpec, optimizer: str) -> tuple[dict[str, Expr], list[tuple[str, int]]]:
     """Simulate the step on `sim`: (totals of parameters, inputs, gradients and optimizer state; the
@@ -347,7 +368,7 @@ def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_f
         env[n.name] = [sim.new(nb)]   # held by the module (parameters) or the user (the batch)
     total.update({k: sympy.Add(*v) for k, v in held.items()})   # one Add each: += re-flattens every time
     grads = split.bw_outputs if split.bw_inputs is not None else []
-    grad_of = [i for i in sorted(params) if i < len(grads) and grads[i] is not None]
+    grad_of = _trained(fw_ph, params, grads)
     trainable_bytes = sympy.Add(*[_placeholder_bytes(fw_ph[i]) for i in grad_of])
     if optimizer in ("adamw", "adamw_foreach"):
         total["opt"] = 2 * trainable_bytes

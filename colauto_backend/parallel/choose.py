@@ -6,8 +6,11 @@ single-device analysis (the cost model at the rank's micro-batch):
   scale like their activations.
 - activations: unchanged, except those gathered over tp (column inputs; feature shards a mixing op
   reads), held tp-fold (`TPLayout.gathered_fraction`).
-- model state: exact local shard sizes of parameters, gradients and optimizer state, plus the
-  gathered copies of fsdp-sharded parameters (forward collectives are saved for backward).
+- memory: the single-device step's peak with each parameter's terms replaced by the rank's: its local
+  shard and optimizer state, and its gathered copy where the backward reads the parameter itself (fp32
+  training; under autocast the backward reads the bf16 copy, which the single-device activations already
+  hold). The rest is what the single-device step holds at its peak (`Single.held_bytes`: the gradients by
+  then, activations, temporaries; at least the saved activations), plus tp's gathered activations.
 - communication: the alpha-beta model (comm.py) per parameter and per tp activation crossing.
   Gradient reductions (all-reduce over dp, reduce-scatter over fsdp) are issued as gradients appear
   and waited for at the end of backward, so they hide behind backward compute up to its length;
@@ -51,10 +54,30 @@ class Single:
     optimizer_s: float
     trained_bytes: int           # parameters that train (have gradients and optimizer state)
     optimizer_ratio: float       # optimizer state bytes per trained parameter byte
-    transient_bytes: int         # peak less parameters, gradients and optimizer state
+    transient_bytes: int         # the larger of the saved activations and the peak less the model state
+    rest_bytes: int              # the peak less parameters, gradients (all of them) and optimizer state
+    saved_bytes: int             # the saved activations
     freed: np.ndarray            # activation bytes each frontier point frees, ascending
     recompute_s: np.ndarray      # its recompute seconds
     layers: dict = dataclasses.field(default_factory=dict)   # layer -> (compute s, matmul s)
+    # parameters whose own storage the backward reads (graph.inputs_read_by_backward): an fsdp plan holds
+    # their gathered copies from forward to backward
+    read_by_backward: frozenset = frozenset()
+
+    @property
+    def held_bytes(self) -> float:
+        """What the single-device step holds at its peak besides parameters and optimizer state: the
+        gradients that exist by then and the activations and temporaries; at least the saved activations
+        (the end of forward). A plan's peak holds the same with its own parameters and optimizer state
+        (`estimate`): its gradients are never larger than the single device's (fsdp computes them whole,
+        tp in shards), so this holds for a peak before backward's gradients exist as well as after."""
+        return max(self.rest_bytes + self.trained_bytes, self.saved_bytes)
+
+    @property
+    def base_bytes(self) -> float:
+        """`held_bytes` less the gradients: the layer DP's base, its options' state bytes holding their
+        gradients as computed."""
+        return self.held_bytes - self.trained_bytes
 
     def scaled(self, seconds: float, s_act: float) -> float:
         """Seconds of single-device work on a device whose activations are `s_act` times as large:
@@ -62,7 +85,8 @@ class Single:
         return seconds * (self.matmul_share + (1 - self.matmul_share) * s_act)
 
     @classmethod
-    def of(cls, analysis: Analysis) -> "Single":
+    def of(cls, analysis: Analysis, names: dict[int, str] | None = None) -> "Single":
+        """`names`: input position -> parameter name, for `read_by_backward`."""
         ev = analysis.evaluate(analysis.hints)
         times = ev["_node_times"]
         matmul = np.array([c.kind == "matmul" for c in analysis.costs.nodes], dtype=bool)
@@ -80,11 +104,14 @@ class Single:
             row = per_layer.setdefault(layer_of(n.module), [0.0, 0.0])
             row[0] += float(t)
             row[1] += float(t) if mm else 0.0
+        rest = ev["peak_memory_bytes"] - persistent
+        raw = graph.inputs_read_by_backward(analysis.joint.graph) if analysis.joint is not None else ()
         return cls(compute, float(times[matmul].sum()) / compute if compute else 0.0,
                    float(times[~analysis._is_fwd].sum()) / compute if compute else 0.0, ev["est_optimizer_time_s"],
                    ev["grad_bytes"], ev["optimizer_state_bytes"] / max(ev["grad_bytes"], 1),
-                   max(ev["peak_memory_bytes"] - persistent, ev["saved_activation_bytes"]),
-                   (kept.max() - kept)[order], frontier.time[points][order], {k: tuple(v) for k, v in per_layer.items()})
+                   max(rest, ev["saved_activation_bytes"]), rest, ev["saved_activation_bytes"],
+                   (kept.max() - kept)[order], frontier.time[points][order], {k: tuple(v) for k, v in per_layer.items()},
+                   frozenset(names[i] for i in raw if i in (names or {})))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,15 +132,18 @@ class Estimate:
         return self.compute_s + self.comm_s + self.recompute_s + self.optimizer_s
 
 
-def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link) -> tuple[float, ...]:
-    """(bytes stored, bytes used in compute, gather seconds, gradient-reduction seconds, bytes stored that
-    train) of one parameter on the rank holding the largest shard (torch.chunk's first), each of its
-    collectives issued alone (its own ring latency). A frozen one has no gradient to reduce and no
-    optimizer state."""
+def param_cost(plan: ParallelPlan, fqn: str, p: torch.Tensor, link: Link,
+               read_by_backward: frozenset = frozenset()) -> tuple[float, ...]:
+    """(bytes stored, bytes held from forward to backward beyond them, gather seconds, gradient-reduction
+    seconds, bytes stored that train, gradient bytes as computed) of one parameter on the rank holding
+    the largest shard (torch.chunk's first), each of its collectives issued alone (its own ring latency).
+    A gathered copy is held where the backward reads the parameter itself (`read_by_backward`). A frozen
+    parameter has no gradient to reduce and no optimizer state."""
     place = plan.layer_places.get(param_group(fqn), "S")
     here, whole, gather, reduce = _param_cost(plan.axes, plan.storage[fqn], plan.compute[fqn], place,
                                               tuple(p.shape), p.element_size(), link)
-    return (here, whole, gather, reduce, here) if p.requires_grad else (here, whole, gather, 0.0, 0.0)
+    gathered = whole if fqn in read_by_backward and whole != here else 0.0   # a new tensor, beside the shard
+    return (here, gathered, gather, reduce, here, whole) if p.requires_grad else (here, gathered, gather, 0.0, 0.0, 0.0)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -141,17 +171,18 @@ def _param_cost(axes: Axes, storage: tuple, compute: tuple, place: str, shape: t
 @dataclasses.dataclass(frozen=True)
 class LayerCost:
     stored: float                # parameter bytes held
-    used: float                  # parameter bytes as computed with (fsdp gathered)
+    gathered: float              # gathered copies held from forward to backward (beyond `stored`)
     gather_s: float              # fsdp gathers (exposed)
     reduce_s: float              # gradient reductions (hidden behind backward up to its length)
     compute_s: float
     tp_s: float                  # tensor-parallel activation collectives (exposed)
     extra_bytes: float           # activations held beyond the single-device graph's
     trained: float               # of `stored`, the bytes of parameters that train
+    grads: float = 0.0           # gradient bytes as computed (whole where fsdp shards the parameter)
 
     def state_bytes(self, single: Single) -> float:
-        """Parameters (gathered copies included), gradients and optimizer state."""
-        return self.used + self.trained * (1 + single.optimizer_ratio)
+        """Parameters, gathered copies held for backward, gradients as computed and optimizer state."""
+        return self.stored + self.gathered + self.grads + self.trained * single.optimizer_ratio
 
 
 def layer_cost(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str, torch.Tensor],
@@ -159,7 +190,8 @@ def layer_cost(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str
     """One layer under `plan`: its parameters' costs, its compute and activations scaled by how it runs
     (tensor-parallel with sequence parallelism: matmuls unchanged, its gathered activations held
     tp-fold; "S": as on one device; "R": the tp group's whole batch, tp-fold), and its tp collectives."""
-    c = np.sum([param_cost(plan, f, params[f], link) for f in fqns], axis=0) if fqns else np.zeros(5)
+    c = (np.sum([param_cost(plan, f, params[f], link, single.read_by_backward) for f in fqns], axis=0)
+         if fqns else np.zeros(6))
     n_tp = dict(plan.axes).get("tp", 1)
     link = link.over(plan.axes, {"tp"})      # the tp collectives below
     seconds, matmul = single.layers.get(group, (0.0, 0.0))
@@ -176,7 +208,7 @@ def layer_cost(plan: ParallelPlan, group: str, fqns: list[str], params: dict[str
         compute, comm, extra = seconds * n_tp, 0.0, (n_tp - 1) * saved
     else:
         compute, comm, extra = seconds, 0.0, 0.0
-    return LayerCost(c[0], c[1], c[2], c[3], compute, comm, extra, c[4])
+    return LayerCost(c[0], c[1], c[2], c[3], compute, comm, extra, c[4], c[5])
 
 
 def switch_cost(plan: ParallelPlan, group: str, tp: TPLayout, link: Link, before: str, after: str) -> float:
@@ -219,9 +251,11 @@ def estimate(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, 
             + max(0.0, reduce - compute * single.backward_share))
     trained = sum(c.trained for c in costs.values())
     state = int(sum(c.state_bytes(single) for c in costs.values()))
-    activations = single.transient_bytes + sum(c.extra_bytes for c in costs.values())
-    s_act = activations / max(single.transient_bytes, 1)
-    memory = memory_before = state + int(activations)
+    extra = sum(c.extra_bytes for c in costs.values())
+    s_act = (single.transient_bytes + extra) / max(single.transient_bytes, 1)
+    # the single-device peak with the plan's parameters, gathered copies and optimizer state
+    grads = sum(c.grads for c in costs.values())
+    memory = memory_before = state - int(grads) + int(single.held_bytes + extra)
     limit = math.inf if budget is None else budget * (1 - planner.HEADROOM)
     recompute, fits = 0.0, memory <= limit
     if not fits:
@@ -297,7 +331,7 @@ def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, sin
         out = np.where(k < len(cheapest), cheapest[np.minimum(k, len(cheapest) - 1)], np.inf)
         return np.where(excess <= 0, 0.0, out)
     solved = layers.solve(options, lambda i, a, b: switch_cost(plan, names[min(i, len(names) - 1)], tp, link, a, b),
-                          single.transient_bytes, limit, remat)
+                          single.base_bytes, limit, remat)
     if solved is None:
         return plan
     for g, o in zip(names, solved[0]):
@@ -308,11 +342,12 @@ def mixed(plan: ParallelPlan, params: dict[str, torch.Tensor], tp: TPLayout, sin
 
 
 def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: Callable[[int], TPLayout],
-           analysis: Analysis, link: Link, budget: int | None) -> ParallelPlan:
+           analysis: Analysis, link: Link, budget: int | None, names: dict[int, str] | None = None) -> ParallelPlan:
     """The joint choice, its prediction and every candidate's in `plan.predicted`. `tp_layout(size)`
-    is the graph's tensor-parallel layout for a tp axis of that size."""
+    is the graph's tensor-parallel layout for a tp axis of that size; `names`, the graph's input
+    position -> parameter name."""
     start = time.perf_counter()
-    single = Single.of(analysis)
+    single = Single.of(analysis, names)
     layouts = {n: tp_layout(n) for n in {dict(axes).get("tp", 1) for axes in candidates}}
     usable = [axes for axes in candidates if not layouts[dict(axes).get("tp", 1)].indivisible]
     if not usable:

@@ -200,7 +200,7 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
         budget = int(budget * DEFAULT_BUDGET_FRACTION)
     def pick(meshes: list) -> ParallelPlan:
         progress.say(f"planning: {len(meshes)} candidate meshes, each with its per-layer placement and recomputation")
-        return choose.choose(meshes, params, tp_layout, analysis, link, budget)
+        return choose.choose(meshes, params, tp_layout, analysis, link, budget, names)
     data_parallel = [axes for axes in candidates if all(role == "dp" for role, _ in axes)]
     if prefer_data_parallel and data_parallel and len(data_parallel) < len(candidates):
         try:

@@ -4,7 +4,7 @@ batch (computed on every rank). Each run is NAME@MESH (MESH as COLAUTO_MESH, "au
 choice); options after it: +late (the optimizer is created after the first call), +inductor (codegen
 inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +break
 (a graph break after the first decoder layer), +ckpt
-(a torch.distributed.checkpoint round trip after training), +tight (a memory budget of 1.3 MB per rank,
+(a torch.distributed.checkpoint round trip after training), +tight (a memory budget of 1.5 MB per rank,
 which the sharded plan fits but the whole model's parameters, gradients and AdamW state do not). Writes rank<r>.json with per run the losses,
 the reference losses, a checksum of the trained parameters, and the error if it failed.
 
@@ -25,6 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from colauto_backend.backend import ANALYSES  # noqa: E402
 from colauto_backend.parallel import overlap  # noqa: E402
+from colauto_backend.parallel.entry import PLANS  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
 
@@ -60,6 +61,7 @@ def run(spec: str, args) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
     ANALYSES.clear()
+    PLANS.clear()
     prefetched = overlap.SUNK["gathers prefetched"]
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
@@ -68,7 +70,7 @@ def run(spec: str, args) -> dict:
     local = {k: v.chunk(world)[rank] for k, v in full.items()}
     options = {"mesh": mesh, "codegen": "inductor" if "inductor" in flags else "aten"}
     if "tight" in flags:
-        options["memory_budget"] = "1.3MB"
+        options["memory_budget"] = "1.5MB"
     if "break" in flags:      # a graph break after the first decoder layer: the next graph reads parameters too
         first = next(m for n, m in model.named_modules() if n.endswith("layers.0"))
         first.register_forward_hook(lambda m, args, out: torch._dynamo.graph_break())
@@ -101,10 +103,24 @@ def run(spec: str, args) -> dict:
            "max_param_diff": max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
            "chained_all_reduces": chained_all_reduces(),
-           "gathers_prefetched": overlap.SUNK["gathers prefetched"] - prefetched}
+           "gathers_prefetched": overlap.SUNK["gathers prefetched"] - prefetched} | memory_terms(model)
     if "ckpt" in flags:
         out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
     return out
+
+
+def memory_terms(model) -> dict:
+    """The rank's parameter bytes (local shards) and those that train, against the memory model of the
+    last graph compiled (the sharded graph, where the plan shards) and the plan's predicted peak."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    last = ANALYSES[-1].evaluate(ANALYSES[-1].hints) if ANALYSES else {}
+    return {"local_param_bytes": sum(t.numel() * t.element_size() for t in local),
+            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
+            "trained_param_bytes": sum(t.numel() * t.element_size() for t, p in zip(local, model.parameters())
+                                       if p.requires_grad),
+            "graph_param_bytes": last.get("param_bytes"), "graph_optimizer_bytes": last.get("optimizer_state_bytes"),
+            "graph_peak_bytes": last.get("peak_memory_bytes"),
+            "plan_peak_bytes": PLANS[-1].predicted.get("memory_bytes") if PLANS and PLANS[-1].predicted else None}
 
 
 def chained_all_reduces() -> int:
