@@ -6,7 +6,9 @@
 Runs the step under colauto (Inductor codegen, the given COLAUTO_MEMORY_BUDGET; "inductor" for
 torch.compile's default backend; "none" for colauto without a budget), records the allocator history of one steady-state step, replays it
 to find the peak and writes the live allocations there (size, allocating source line) to peak.txt,
-with the generated Inductor modules those lines come from. For checking the memory model by hand.
+with the generated Inductor modules those lines come from. Under colauto it also writes predicted.txt:
+the memory model's storages live at its predicted peak (`cost.memory.live_at_peak`, the node that made
+each), for the graph compiled last (the step's, where it has one graph). For checking the memory model by hand.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import torch
 
 from bench.run import GiB, build_model, make_optimizer, parse_models, training_step
 from colauto_backend import config
-from colauto_backend.backend import make_backend
+from colauto_backend.backend import ANALYSES, make_backend
+from colauto_backend.cost import memory
 
 
 def main(argv=None) -> int:
@@ -38,6 +41,13 @@ def main(argv=None) -> int:
     fn = torch.compile(model) if args.budget == "inductor" else \
         torch.compile(model, backend=make_backend(config.load(options)))
     opt = make_optimizer(model, "cuda")
+    simulated = []          # (fw, bw, settings) of each partition the memory model simulated
+    real_simulate = memory.simulate_step
+
+    def recording(fw, bw, **kw):
+        simulated.append((fw, bw, kw))
+        return real_simulate(fw, bw, **kw)
+    memory.simulate_step = recording
 
     def step():
         training_step(fn, opt, x, targets, args, loss_of)
@@ -81,6 +91,18 @@ def main(argv=None) -> int:
             where = f"{Path(frame['filename']).name}:{frame['line']} {linecache.getline(frame['filename'], frame['line']).strip()}"
         lines.append(f"{e['size'] / 2**20:10.1f} MiB  {where}")
     (out / "peak.txt").write_text("\n".join(lines) + "\n")
+    if simulated and ANALYSES:
+        fw, bw, kw = simulated[-1]            # the partition of the plan compiled last
+        analysis = ANALYSES[-1]
+        peak_b, where, live = memory.live_at_peak(
+            fw, bw, param_indices=kw["param_indices"], num_fwd_outputs=kw["num_fwd_outputs"], device=kw["device"],
+            optimizer=kw["optimizer"], hints=analysis.hints, fused=kw["fused"])
+        rows = [f"predicted peak {peak_b / GiB:.3f} GiB at {where} (the analysis: "
+                f"{analysis.evaluate(analysis.hints)['peak_memory_bytes'] / GiB:.3f} GiB); "
+                f"{len(ANALYSES)} graphs analysed, this is the last", ""]
+        rows += [f"{b / 2**20:10.1f} MiB  {name}" for name, b in live]
+        (out / "predicted.txt").write_text("\n".join(rows) + "\n")
+        print("\n".join(rows[:40]))
     for f in files:
         if Path(f).exists():
             shutil.copy(f, out / Path(f).name)

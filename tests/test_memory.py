@@ -50,3 +50,30 @@ def test_peak_accounts_for_parameters_gradients_and_adamw_state():
     sgd = colauto_backend.profile(model, *make(2, 8), options={"optimizer": "sgd"})
     assert sgd.details["optimizer_state_bytes"] == 0
     assert prof.peak_memory_bytes - sgd.peak_memory_bytes >= 2 * n_bytes
+
+
+def test_live_at_peak_names_storages_that_add_up_to_the_peak(monkeypatch):
+    """bench/peak_snapshot.py's view of the model: the storages `memory.live_at_peak` lists at the peak
+    add up to its peak, which equals the symbolic timeline's peak for the same partition at the same
+    sizes (two implementations of the liveness simulation), with parameters and AdamW state among them."""
+    from colauto_backend import backend
+    from colauto_backend.cost import memory
+    calls = []
+    real = memory.simulate_step
+
+    def recording(fw, bw, **kw):
+        calls.append((fw, bw, kw))
+        return real(fw, bw, **kw)
+    monkeypatch.setattr(memory, "simulate_step", recording)
+    model, make = build("llama")
+    backend.ANALYSES.clear()
+    torch.compile(model, backend="colauto")(*make(2, 16)).backward()
+    analysis = backend.ANALYSES[-1]
+    fw, bw, kw = calls[-1]
+    peak, where, live = memory.live_at_peak(fw, bw, param_indices=kw["param_indices"],
+                                            num_fwd_outputs=kw["num_fwd_outputs"], device=kw["device"],
+                                            optimizer=kw["optimizer"], hints=analysis.hints, fused=kw["fused"])
+    assert sum(b for _, b in live) == peak == analysis.evaluate(analysis.hints)["peak_memory_bytes"]
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert sum(b for name, b in live if name == "start") >= 3 * params     # parameters and two moments
+    assert where and any(name.startswith(("fwd:", "bwd:")) for name, _ in live)

@@ -446,6 +446,43 @@ class _PeakSim(_Sim):
             self.record(f"{tag}:{n.name}")
 
 
+class _LiveSim(_PeakSim):
+    """_PeakSim that names each storage (the node that made it; "start" for the step's state: parameters,
+    batch, optimizer state, workspace) and keeps the storages live at the peak (`live_at_peak`)."""
+
+    def __init__(self, device: DeviceSpec, hints: dict, fused: bool) -> None:
+        super().__init__(device, hints)
+        self.fused = fused
+        self.owner: list[str] = []    # storage id -> the node that made it
+        self.peak_live: list[tuple[str, int]] = []
+
+    def _name_new(self, label: str) -> None:
+        self.owner.extend([label] * (len(self.size) - len(self.owner)))
+
+    def record(self, label: str) -> None:
+        self._name_new(label)
+        if self.state > self.peak:
+            self.peak_live = [(self.owner[s], b) for s, (b, r) in enumerate(zip(self.size, self.refs)) if r > 0 and b]
+        super().record(label)
+
+    def record_node(self, tag: str, n: fx.Node) -> None:
+        self._name_new(f"{tag}:{n.name}")
+        if self.state > self.peak:
+            self.record(f"{tag}:{n.name}")
+
+
+def live_at_peak(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indices: Sequence[int],
+                 num_fwd_outputs: int, device: DeviceSpec, optimizer: str, hints: dict,
+                 fused: bool = False) -> tuple[int, str, list[tuple[str, int]]]:
+    """simulate_step's peak at the example sizes (`hints`), where it is, and the storages live there as
+    (the node that made it, bytes), largest first: the memory model, to compare with an allocator
+    snapshot of the real step (bench/peak_snapshot.py)."""
+    sim = _LiveSim(device, hints, fused)
+    _run_step(sim, _graph_split(fw, bw), param_indices=param_indices, num_fwd_outputs=num_fwd_outputs,
+              device=device, optimizer=optimizer)
+    return sim.peak, sim.peak_at, sorted(sim.peak_live, key=lambda t: -t[1])
+
+
 @dataclasses.dataclass(frozen=True)
 class PredictedPartition:
     """What `predict_partition` expects torch's default partition of a tagged joint graph to do."""
