@@ -12,6 +12,10 @@ collectives, is measured too. Writes every point with its bus bandwidth (NCCL-te
 (p-1)/p·n/t for all-gather and reduce-scatter, twice that for all-reduce, n the whole tensor's bytes)
 and the alpha-beta fit per (group size, op, dtype, alone/beside), as `colauto_backend.calibrate.fit`
 fits all-reduce.
+
+Written 2026-11-28 to measure why tensor-parallel activation collectives ran ~4x slower than the link
+model on 4 H200s (bench/results/h200x4-2026-11-28-hf-8b-t2048-trace/); not yet run on a GPU (no multi-GPU
+machine was lent that session).
 """
 from __future__ import annotations
 
