@@ -14,8 +14,8 @@ and the alpha-beta fit per (group size, op, dtype, alone/beside), as `colauto_ba
 fits all-reduce.
 
 Written 2026-11-28 to measure why tensor-parallel activation collectives ran ~4x slower than the link
-model on 4 H200s (bench/results/h200x4-2026-11-28-hf-8b-t2048-trace/); not yet run on a GPU (no multi-GPU
-machine was lent that session).
+model on 4 H200s (bench/results/h200x4-2026-11-28-hf-8b-t2048-trace/); first run on 2 H200s
+(bench/results/h200x2-2026-11-28-fsdp-peak-comm/, where "pairs" is not formed: the world is the pair).
 """
 from __future__ import annotations
 
