@@ -554,9 +554,12 @@ def joint_param_positions(example_inputs: list, indices: list[int], num_primals:
     if len(example_inputs) == num_primals or not any(is_traceable_wrapper_subclass(t) for t in example_inputs):
         return list(indices), None
     wrapped = list(example_inputs)
+    first, position = [], 0          # each input's first flattened primal (torch's count per input)
+    for t in wrapped:
+        first.append(position)
+        position += len(remap_unwrapped_subclass_arg_indices([t], [0]))
     static = remap_unwrapped_subclass_arg_indices(wrapped, list(indices))
-    trained = [remap_unwrapped_subclass_arg_indices(wrapped, [i])[0] for i in indices
-               if isinstance(wrapped[i], torch.Tensor) and wrapped[i].requires_grad]
+    trained = [first[i] for i in indices if isinstance(wrapped[i], torch.Tensor) and wrapped[i].requires_grad]
     return static, trained
 
 

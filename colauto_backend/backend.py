@@ -128,10 +128,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                 return baseline.repartitioned(fw_k, bw_k, num_fwd_outputs=num_fwd_outputs, param_indices=params,
                                               recomputed=planner.recomputed_in(bw_k, joint))
             placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
-            grads = list(bw.graph.nodes)[-1].args[0]
-            no_grad = ((lambda i: i not in trained) if trained is not None
-                       else (lambda i: i >= len(grads) or grads[i] is None))
-            buffers = frozenset(placeholders[i].name for i in params if no_grad(i))   # static, no gradient
+            trains = set(memory.trained(placeholders, set(params), list(bw.graph.nodes)[-1].args[0]))
+            buffers = frozenset(placeholders[i].name for i in params if i not in trains)   # static, no gradient
             # a candidate's partition is modeled, not run: exactly for aten (default_partition follows the
             # tags); under min-cut (Inductor, Triton), which also places untagged views, within a few %,
             # and the planner checks the plan it chooses on its real partition

@@ -353,7 +353,7 @@ def mark_trained(joint: fx.Graph, param_indices: Sequence[int], trained: Sequenc
         primals[i].meta[TRAINS] = i in trains
 
 
-def _trained(fw_ph: list[fx.Node], params: set[int], grads: list) -> list[int]:
+def trained(fw_ph: list[fx.Node], params: set[int], grads: list) -> list[int]:
     """The parameters (primal positions) that train: as marked (mark_trained), else those whose
     gradient output, at the same position, exists."""
     if any(TRAINS in fw_ph[i].meta for i in params if i < len(fw_ph)):
@@ -378,7 +378,7 @@ def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_f
         env[n.name] = [sim.new(nb)]   # held by the module (parameters) or the user (the batch)
     total.update({k: sympy.Add(*v) for k, v in held.items()})   # one Add each: += re-flattens every time
     grads = split.bw_outputs if split.bw_inputs is not None else []
-    grad_of = _trained(fw_ph, params, grads)
+    grad_of = trained(fw_ph, params, grads)
     trainable_bytes = sympy.Add(*[_placeholder_bytes(fw_ph[i]) for i in grad_of])
     if optimizer in ("adamw", "adamw_foreach"):
         total["opt"] = 2 * trainable_bytes

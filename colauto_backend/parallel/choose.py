@@ -54,7 +54,6 @@ class Single:
     optimizer_s: float
     trained_bytes: int           # parameters that train (have gradients and optimizer state)
     optimizer_ratio: float       # optimizer state bytes per trained parameter byte
-    transient_bytes: int         # the larger of the saved activations and the peak less the model state
     rest_bytes: int              # the peak less parameters, gradients (all of them) and optimizer state
     saved_bytes: int             # the saved activations
     freed: np.ndarray            # activation bytes each frontier point frees, ascending
@@ -63,6 +62,11 @@ class Single:
     # parameters whose own storage the backward reads (graph.inputs_read_by_backward): an fsdp plan holds
     # their gathered copies from forward to backward
     read_by_backward: frozenset = frozenset()
+
+    @property
+    def transient_bytes(self) -> int:
+        """The larger of the saved activations and the peak less the model state."""
+        return max(self.rest_bytes, self.saved_bytes)
 
     @property
     def held_bytes(self) -> float:
@@ -109,7 +113,7 @@ class Single:
         return cls(compute, float(times[matmul].sum()) / compute if compute else 0.0,
                    float(times[~analysis._is_fwd].sum()) / compute if compute else 0.0, ev["est_optimizer_time_s"],
                    ev["grad_bytes"], ev["optimizer_state_bytes"] / max(ev["grad_bytes"], 1),
-                   max(rest, ev["saved_activation_bytes"]), rest, ev["saved_activation_bytes"],
+                   rest, ev["saved_activation_bytes"],
                    (kept.max() - kept)[order], frontier.time[points][order], {k: tuple(v) for k, v in per_layer.items()},
                    frozenset(names[i] for i in raw if i in (names or {})))
 
