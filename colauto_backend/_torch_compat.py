@@ -539,6 +539,22 @@ def static_input_indices(gm: torch.fx.GraphModule, is_backward: bool) -> list[in
     return list(get_static_input_idxs(0))      # the compile's fw_metadata; none without one
 
 
+def skip_zero_grads(outputs: list) -> bool:
+    """Tell autograd not to make zero gradients for the outputs of the compiled step's node (AOTAutograd's
+    `CompiledFunctionBackward`, found as the outputs' grad_fn or one node below a view of one): its
+    backward then gets None for an output no gradient reached. Whether the node was found."""
+    for t in outputs:
+        fn = t.grad_fn
+        for _ in range(2):
+            if fn is None:
+                break
+            if type(fn).__name__ == "CompiledFunctionBackward":
+                fn.set_materialize_grads(False)
+                return True
+            fn = fn.next_functions[0][0] if fn.next_functions else None
+    return False
+
+
 def joint_param_positions(example_inputs: list, indices: list[int], num_primals: int) -> tuple[list[int], list[int] | None]:
     """(The joint graph's primal positions of the inputs AOT passes as `static_lifetime_input_indices`,
     parameters and buffers; the position of each one that trains, its gradient's owner), the second None

@@ -15,7 +15,7 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
-from . import counters, cuda_graphs, plan_cache, planner, report
+from . import counters, cuda_graphs, output_grads, plan_cache, planner, report
 from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost import memory
@@ -86,6 +86,11 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         # Inductor's fusion (Inductor codegen, and triton where Inductor compiles the rest)
         inductor_rest = config.codegen == "triton" and rest_by_inductor(example_inputs)
         inductor_fuses = config.codegen == "inductor" or inductor_rest
+        # outputs returned beside the loss: their backward is compiled without their (zero) gradients
+        unused = output_grads.decide(gm, "output_grads=all" if config.output_grads == "all" else
+                                     "cuda graphs" if config.cudagraphs else
+                                     "several ranks" if mesh.world_size() > 1 else None)
+        marked = False
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
@@ -107,6 +112,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             params, trained = compat.joint_param_positions(example_inputs, static_lifetime_input_indices or [], primals)
             if trained is not None:   # the memory model cannot pair gradients with primals by position here
                 memory.mark_trained(joint.graph, params, trained)
+            nonlocal marked
+            marked = output_grads.mark(joint.graph, unused)
             if dp is not None:
                 data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=dp)
             if config.codegen in ("inductor", "triton"):
@@ -138,7 +145,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                 device=device, optimizer=config.optimizer, hints=baseline.hints, fused=baseline.fused)
             remat = planner.Planner(joint, split, baseline, analysis_for, buffers, predict,
                                     cache_settings=(config.codegen, repr(device), config.optimizer, dp is not None,
-                                                    inductor_fuses),
+                                                    inductor_fuses, marked),
                                     exact=config.codegen == "aten")
             chosen, graphs, analysis = remat.plan(budget)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
@@ -165,7 +172,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         if cached:
             compilers = [compat.cacheable(c) for c in compilers]
             key = compat.compile_cache_keyed(plan_cache.compile_key(
-                (config.memory_budget, repr(device), config.optimizer, unresolved.codegen)))
+                (config.memory_budget, repr(device), config.optimizer, unresolved.codegen, unused)))
         hits = compat.compile_cache_hits()
         with key:
             compiled = compat.aot_autograd(
@@ -176,8 +183,23 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         if compat.compile_cache_hits() > hits:
             CACHE_HITS[config.codegen] += 1
             report.emit_cache_hit(config.report)
+            marked = bool(unused)   # the cached backward was compiled as this launch would have: decided alike
+        if marked:
+            report.emit_unused_grads(unused, config.report)
+            compiled = _expecting_unused(compiled, unused)
         return compiled
     return backend
+
+
+def _expecting_unused(compiled: Callable, shapes: tuple) -> Callable:
+    """`compiled`, after which autograd makes no zero gradients for the outputs of `shapes`
+    (output_grads.expect_unused)."""
+    def run(*args):
+        outputs = compiled(*args)
+        output_grads.expect_unused(outputs, shapes)
+        return outputs
+    run._boxed_call = getattr(compiled, "_boxed_call", False)
+    return run
 
 
 def _decompositions(config: cfg.Config, inductor_rest: bool) -> dict:
@@ -216,6 +238,8 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False)
     recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
 
     def run(gm, inputs, *, is_backward, is_inference=False):
+        if is_backward:   # marked tangents read as zeros, and take None (none marked: nothing changes)
+            inputs = output_grads.specialize(gm, inputs)
         # whether the graph can be recorded, read once, before any code generation rewrites `gm`
         reason = recorder.reason(gm, inputs, is_backward=is_backward) if recorder is not None else None
         kind = "inference" if is_inference else "backward" if is_backward else "forward"

@@ -34,6 +34,8 @@ class Config:
     mesh: tuple[tuple[str | None, int], ...] | None = None   # ((role or None, size), ...); None = planner picks
     comm: str | None = None          # interconnect preset or calibration JSON; None = the device's preset
     cudagraphs: bool = False         # replay the compiled graphs as CUDA graphs (every codegen)
+    output_grads: str = "loss"       # loss: outputs returned beside a 0-dim loss get no gradient (output_grads.py);
+                                     # all: every output's gradient is computed, zeros included
 
 
 # name in options= -> (environment variable, parser)
@@ -146,6 +148,7 @@ _FIELDS = {
     "mesh": ("COLAUTO_MESH", _mesh),
     "comm": ("COLAUTO_COMM", _comm),
     "cudagraphs": ("COLAUTO_CUDAGRAPHS", _cudagraphs),
+    "output_grads": ("COLAUTO_OUTPUT_GRADS", _choice(("loss", "all"))),
 }
 # Read where they are used (triton_kernels, a package that does not depend on this one; plan_cache.py);
 # validated here.

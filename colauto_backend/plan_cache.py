@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-FORMAT = 1        # bump when what a file holds, or what the planner does with it, changes
+FORMAT = 2        # bump when what a file holds, or what the planner does with it, changes
 
 
 def directory() -> Path | None:

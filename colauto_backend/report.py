@@ -429,6 +429,16 @@ def emit_cache_hit(setting: str | None) -> None:
     _emit_beside(setting, lambda: text, ".cache.jsonl", "a", lambda: json.dumps({"cache": "hit"}) + "\n")
 
 
+def emit_unused_grads(shapes: tuple, setting: str | None) -> None:
+    """COLAUTO_REPORT for a graph whose backward is compiled without the gradients of the outputs returned
+    beside its loss (output_grads.py)."""
+    listed = ", ".join(str(list(s)) for s in shapes)
+    text = (f"colauto: outputs returned beside the loss get no gradient (autograd makes no zeros for them, the "
+            f"backward reads none): {listed}; a gradient that reaches one raises; COLAUTO_OUTPUT_GRADS=all keeps them")
+    _emit_beside(setting, lambda: text, ".output_grads.jsonl", "a",
+                 lambda: json.dumps({"outputs_without_gradient": [list(s) for s in shapes]}) + "\n")
+
+
 def _emit_beside(setting: str | None, text, suffix: str, mode: str, body) -> None:
     """On rank 0: print `text()` (setting "1"), or write `body()` to a file next to the JSON report."""
     if setting is None or _rank() != 0:

@@ -113,8 +113,16 @@ def test_default_without_a_budget_generates_inductors_own_code(name, monkeypatch
         with fresh_inductor_cache():
             _, sources = run_and_get_code(lambda: compiled(**kw).loss.backward())
         return [re.sub(r"# AOT ID: .*|/tmp/\S+|\b[a-z0-9]{52}\b", "", s) for s in sources], sorted(marked, key=str)
-    (ours, our_marks), (inductor, inductor_marks) = generated(OPTIONS), generated(None)
+    (ours, our_marks), (inductor, inductor_marks) = generated(OPTIONS | {"output_grads": "all"}), generated(None)
     assert len(ours) == len(inductor) == (4 if name == "gpt2" else 2)
     assert ours == inductor
+    # by default only the backward of the graph that returns the loss beside the logits differs: it reads
+    # no gradient for the logits (tests/test_output_grads.py)
+    default, _ = generated(OPTIONS)
+    differs = [i for i, (a, b) in enumerate(zip(default, inductor)) if a != b]
+    assert len(differs) == 1
+    theirs, mine = inductor[differs[0]], default[differs[0]]
+    read = [t for t in set(re.findall(r"\btangents_\d+\b", theirs)) if theirs.count(t) > mine.count(t)]
+    assert len(read) == 1 and f"assert_size_stride({read[0]}," not in mine
     assert len(inductor_marks) >= 2 and any(inductor_marks), inductor_marks   # outputs marked in each graph
     assert our_marks == inductor_marks

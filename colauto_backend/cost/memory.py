@@ -341,6 +341,7 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
 
 
 TRAINS = "colauto_trains"   # a primal placeholder's meta: whether it is a parameter that trains (mark_trained)
+UNUSED_GRAD = "colauto_unused_grad"   # a tangent placeholder's meta: autograd passes None for it (output_grads.py)
 
 
 def mark_trained(joint: fx.Graph, param_indices: Sequence[int], trained: Sequence[int]) -> None:
@@ -401,11 +402,21 @@ def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_f
                     if s not in param_sids and s not in seen:
                         seen.add(s)
                         saved.append((node.name, s))
-        for n in split.bw_inputs:   # tangents: allocated by autograd, held by the backward alone
+        # tangents: made by autograd and held by it until the backward returns (the node's arguments); none
+        # for the outputs beside the loss that colauto compiles without a gradient (output_grads.UNUSED)
+        tangents = []
+        for n in split.bw_inputs:
             if n.name not in saved_env and isinstance(n.meta.get("val"), torch.Tensor):
-                saved_env[n.name] = [sim.new(_placeholder_bytes(n))]
+                if n.meta.get(UNUSED_GRAD):
+                    saved_env[n.name] = []
+                    continue
+                tangents.append(sim.new(_placeholder_bytes(n)))
+                sim.ref(tangents[-1])
+                saved_env[n.name] = [tangents[-1]]
         # each saved value's forward-output reference passes to the backward input of that name
         split.run_bw(sim, saved_env)
+        for s in tangents:
+            sim.unref(s)
         total["grads"] = trainable_bytes
         if optimizer == "adamw_foreach":
             sim.new(trainable_bytes)
