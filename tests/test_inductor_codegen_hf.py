@@ -117,10 +117,13 @@ def test_default_without_a_budget_generates_inductors_own_code(name, monkeypatch
     assert len(ours) == len(inductor) == (4 if name == "gpt2" else 2)
     assert ours == inductor
     # by default only the backward of the graph that returns the loss beside the logits differs: it reads
-    # no gradient for the logits (tests/test_output_grads.py)
+    # no gradient for the logits (tests/test_output_grads.py). GPT-2's graph break leaves its loss in a
+    # graph of its own, which returns the loss alone: nothing differs.
     default, _ = generated(OPTIONS)
     differs = [i for i, (a, b) in enumerate(zip(default, inductor)) if a != b]
-    assert len(differs) == 1
+    assert len(differs) == (0 if name == "gpt2" else 1)
+    if name == "gpt2":
+        return
     theirs, mine = inductor[differs[0]], default[differs[0]]
     read = [t for t in set(re.findall(r"\btangents_\d+\b", theirs)) if theirs.count(t) > mine.count(t)]
     assert len(read) == 1 and f"assert_size_stride({read[0]}," not in mine
