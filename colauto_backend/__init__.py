@@ -9,8 +9,10 @@ caller of the compiled model as themselves (not wrapped by Dynamo), so `except c
 """
 from .backend import colauto
 from .config import Config, ConfigError
+from .output_grads import UnusedGradError
 from .parallel.plan import ParallelPlan
 from .planner import BudgetError, Plan
 from .profile import Profile, explain, profile
 
-__all__ = ["colauto", "profile", "explain", "Profile", "Plan", "ParallelPlan", "Config", "ConfigError", "BudgetError"]
+__all__ = ["colauto", "profile", "explain", "Profile", "Plan", "ParallelPlan", "Config", "ConfigError", "BudgetError",
+           "UnusedGradError"]
