@@ -59,7 +59,10 @@ def decide(gm: fx.GraphModule, reason: str | None) -> tuple[tuple[int, ...], ...
     vals = [n.meta.get("example_value") for n in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
             if isinstance(n, fx.Node)]
     graded = [v for v in vals if isinstance(v, torch.Tensor) and v.requires_grad and v.is_floating_point()]
-    shapes = _rule(graded) or ()
+    # an output that is a view gets its gradient through its base's tangent (AOTAutograd's intermediate
+    # bases), whose shape is not the output's: only graphs without such outputs, so that the joint
+    # graph's tangents are these outputs' (`mark` agrees, also for a step loaded from the compile cache)
+    shapes = () if any(v._is_view() for v in graded) else _rule(graded) or ()
     if shapes and reason is not None:
         KEPT[reason] += 1
         return ()

@@ -239,6 +239,15 @@ def test_second_launch_loads_the_compiled_step_from_torchs_cache(monkeypatch, tm
         torch.testing.assert_close(second[0], first[0], rtol=0, atol=0)
         for name in first[1]:
             torch.testing.assert_close(second[1][name], first[1][name], rtol=0, atol=0, msg=name)
+        # the cached backward has no gradient for the logits (output_grads.py): a launch that loads it
+        # still refuses a gradient into them rather than dropping it
+        torch._dynamo.reset()
+        hits = CACHE_HITS["inductor"]
+        out = torch.compile(model, backend="colauto", options={"codegen": "inductor"})(**batch)
+        assert CACHE_HITS["inductor"] == hits + 1
+        with pytest.raises(colauto_backend.UnusedGradError):
+            (out.loss + out.logits.logsumexp(-1).mean()).backward()
+        model.zero_grad(set_to_none=True)
         assert launch({"memory_budget": "0.5"})[1:] == (1, 0)     # another setting: another key
         monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
         assert launch({})[1:] == (1, 0)
