@@ -186,20 +186,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             marked = bool(unused)   # the cached backward was compiled as this launch would have: decided alike
         if marked:
             report.emit_unused_grads(unused, config.report)
-            compiled = _expecting_unused(compiled, unused)
+            compiled = output_grads.expecting_unused(compiled, unused)
         return compiled
     return backend
-
-
-def _expecting_unused(compiled: Callable, shapes: tuple) -> Callable:
-    """`compiled`, after which autograd makes no zero gradients for the outputs of `shapes`
-    (output_grads.expect_unused)."""
-    def run(*args):
-        outputs = compiled(*args)
-        output_grads.expect_unused(outputs, shapes)
-        return outputs
-    run._boxed_call = getattr(compiled, "_boxed_call", False)
-    return run
 
 
 def _decompositions(config: cfg.Config, inductor_rest: bool) -> dict:

@@ -21,7 +21,7 @@ Graphs with dynamic shapes, several ranks or CUDA graphs keep the general backwa
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -111,6 +111,16 @@ def specialize(bw: fx.GraphModule, inputs: list) -> list:
     bw.recompile()
     SPECIALIZED["backward graphs"] += 1
     return [0 if i in replaced else x for i, x in enumerate(inputs)]
+
+
+def expecting_unused(compiled: Callable, shapes: Sequence[tuple[int, ...]]) -> Callable:
+    """`compiled` (AOTAutograd's step, boxed or not), calling `expect_unused` on its outputs each time."""
+    def run(*args):
+        outputs = compiled(*args)
+        expect_unused(outputs, shapes)
+        return outputs
+    run._boxed_call = getattr(compiled, "_boxed_call", False)
+    return run
 
 
 def expect_unused(outputs: Any, shapes: Sequence[tuple[int, ...]]) -> None:
