@@ -658,3 +658,10 @@ def flatten_mesh_axes(device_mesh) -> None:
     for n in range(2, len(names) + 1):
         for dims in itertools.combinations(names, n):
             device_mesh[dims]._flatten("_".join(dims))
+
+
+def outside_fake_mode():
+    """A context where real tensors are real: AOTAutograd calls the partitioner under its FakeTensorMode,
+    and the distributed plan made there runs collectives (torch._subclasses.fake_tensor, private)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    return unset_fake_temporarily()

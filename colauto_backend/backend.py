@@ -43,9 +43,9 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         resolved = cfg.resolve_codegen(config, example_inputs)
         if parallel_entry.active(resolved):
-            def make_local(dp=None, memory_budget=None):
+            def make_local(dp=None, memory_budget=None, decide=None):
                 planned = config if memory_budget is None else dataclasses.replace(config, memory_budget=memory_budget)
-                return local_backend(planned, on_analysis, dp=dp)
+                return local_backend(planned, on_analysis, dp=dp, decide=decide)
             return parallel_entry.compile(gm, example_inputs, resolved, make_local)
         return local_backend(config, on_analysis)(gm, example_inputs)   # resolves codegen, reports "(auto)"
     return backend
@@ -72,10 +72,27 @@ def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: l
     return got[0]
 
 
+# What the distributed path decides from the unplanned analysis of a graph's capture (parallel/entry.py):
+# the data-parallel group its gradients are averaged over (or None) and the budget it is compiled under.
+Decide = Callable[[Analysis], "tuple[data.DataParallel | None, tuple[str, float]]"]
+
+
+def capture_serves_planning(config: cfg.Config, example_inputs: list) -> bool:
+    """Whether `local_backend(config, decide=...)` can plan from the capture it compiles: a training graph
+    (the parallel plan is for training), traced with the decompositions planning uses (`analyze_only`:
+    triton's rewrites are planned as aten; where Inductor compiles triton's rest, the trace differs)."""
+    config = cfg.resolve_codegen(config, example_inputs)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                  for t in example_inputs)
+    return needs_grad and not (config.codegen == "triton" and rest_by_inductor(example_inputs))
+
+
 def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None,
-                  dp: data.DataParallel | None = None) -> Callable:
+                  dp: data.DataParallel | None = None, decide: Decide | None = None) -> Callable:
     """The single-device backend: AOTAutograd with colauto's partitioner and code generation; with `dp`,
-    each rank's graph averages its gradients (and losses) over the data-parallel ranks."""
+    each rank's graph averages its gradients (and losses) over the data-parallel ranks. With `decide`
+    (`capture_serves_planning` must hold), `dp` and the budget are what `decide` makes of the joint graph's
+    unplanned analysis, the one `analyze_only` would capture again: one capture plans and compiles."""
     unresolved = config
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -114,9 +131,19 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                 memory.mark_trained(joint.graph, params, trained)
             nonlocal marked
             marked = output_grads.mark(joint.graph, unused)
-            if dp is not None:
-                data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=dp)
-            if config.codegen in ("inductor", "triton"):
+            averaged, memory_budget, passed = dp, config.memory_budget, False
+            if decide is not None:
+                if config.codegen == "inductor":      # planned on the graph Inductor's rewrites leave, as
+                    joint, passed = compat.inductor_joint_passes(joint), True    # analyze_only's was
+                plan_split = emit_remat.partitioner(config.codegen == "inductor")   # triton: planned as aten
+                unplanned = analyze_graph(joint, *plan_split(
+                    joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                    static_lifetime_input_indices=static_lifetime_input_indices), num_fwd_outputs, params)
+                with compat.outside_fake_mode(), torch.enable_grad():   # as analyze_only's caller plans
+                    averaged, memory_budget = decide(unplanned)
+            if averaged is not None:
+                data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=averaged)
+            if config.codegen in ("inductor", "triton") and not passed:
                 # Inductor's joint-graph rewrites (for triton, mainly padding misaligned matmuls, which
                 # cuBLAS would otherwise run with 1-element alignment: GPT-2's 50257-wide LM head)
                 joint = compat.inductor_joint_passes(joint)
@@ -129,7 +156,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                                       static_lifetime_input_indices=static_lifetime_input_indices)
             fw, bw = split()
             baseline = analyze_graph(joint, fw, bw, num_fwd_outputs, params)
-            budget = planner.resolve_budget(config.memory_budget, device.memory_bytes)
+            budget = planner.resolve_budget(memory_budget, device.memory_bytes)
 
             def analysis_for(fw_k, bw_k):
                 return baseline.repartitioned(fw_k, bw_k, num_fwd_outputs=num_fwd_outputs, param_indices=params,
@@ -144,7 +171,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                 memory.predict_partition, joint.graph, num_fwd_outputs=num_fwd_outputs, param_indices=params,
                 device=device, optimizer=config.optimizer, hints=baseline.hints, fused=baseline.fused)
             remat = planner.Planner(joint, split, baseline, analysis_for, buffers, predict,
-                                    cache_settings=(config.codegen, repr(device), config.optimizer, dp is not None,
+                                    cache_settings=(config.codegen, repr(device), config.optimizer, averaged is not None,
                                                     inductor_fuses, marked),
                                     exact=config.codegen == "aten")
             chosen, graphs, analysis = remat.plan(budget)
@@ -166,7 +193,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
         # profile, which need the partition to run; not for CUDA-graph wrappers; not on several ranks,
         # where the graphs hold collectives or DTensors and the cache is untested)
-        cached = (config.codegen == "inductor" and not config.cudagraphs and dp is None and on_analysis is None
+        cached = (config.codegen == "inductor" and not config.cudagraphs and dp is None and decide is None
+                  and on_analysis is None
                   and plan_cache.directory() is not None and mesh.world_size() == 1)
         key = contextlib.nullcontext()
         if cached:

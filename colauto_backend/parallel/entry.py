@@ -75,14 +75,46 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
         PLANS.append(plan)
         announce(plan)
         return _data_parallel(gm, example_inputs, make_local, None)
+    from ..backend import capture_serves_planning   # local import: the backend imports this module
+    plans: list[ParallelPlan] = []
+
+    def decide(analysis) -> tuple[data.DataParallel | None, tuple[str, float]]:
+        """From the capture being compiled: its plan, and how this first call runs (see below). No
+        collective runs here, inside AOTAutograd's partitioner (gloo hung there, 1 launch in 3)."""
+        plans.append(plan_graph(gm, example_inputs, names, params, config, candidates,
+                                prefer_data_parallel=config.mesh is None, analysis=analysis))
+        if plans[0].data_parallel_only:
+            return data.DataParallel.world_group(), _planned_budget(plans[0])
+        return data.DataParallel.world_group(reduce_grads=False), ("none", 0.0)
+
+    if capture_serves_planning(config, example_inputs):
+        # one capture: the plan is made from the joint graph AOTAutograd traces for this compile; the
+        # ranks check they made the same one before anything runs
+        compiled = make_local(decide=decide)(gm, example_inputs)
+        _adopt(plans[0], config)
+        if plans[0].data_parallel_only:
+            data.prepare(gm, example_inputs, data.DataParallel.world_group())
+            return _checked_gradients(gm, example_inputs, compiled)
+        return _shard(gm, example_inputs, plans[0], compiled)
     plan = plan_graph(gm, example_inputs, names, params, config, candidates,
                       prefer_data_parallel=config.mesh is None)
+    _adopt(plan, config)
+    if plan.data_parallel_only:
+        return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
+    compiled = make_local(data.DataParallel.world_group(reduce_grads=False), ("none", 0.0))(gm, example_inputs)
+    return _shard(gm, example_inputs, plan, compiled)
+
+
+def _adopt(plan: ParallelPlan, config: Config) -> None:
+    """Every rank checks it made the same plan, which is recorded, announced and reported."""
     check_same_plan(plan)
     PLANS.append(plan)
     announce(plan)
     report.emit_parallel(plan.to_json(), config.report)
-    if plan.data_parallel_only:
-        return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
+
+
+def _shard(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, compiled: Callable) -> Callable:
+    """The graph's module sharded by `plan`; `compiled`: this first call's step (see below)."""
     root = owner_module(gm, example_inputs)
     sharded = emit.Sharded(root, plan, mesh.device_mesh(plan.axes))
     SHARDED.append(sharded)
@@ -92,7 +124,6 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     # the shards), so it is compiled without a budget: under the plan's, the single-device memory model
     # counted whole-parameter optimizer state, and every model that needs sharding to fit stopped here
     # with BudgetError (HF Llama-3-8B on 4 H100s: 120 GiB asked of a 71.7 GiB budget)
-    compiled = make_local(data.DataParallel.world_group(reduce_grads=False), ("none", 0.0))(gm, example_inputs)
     return sharded.first_call(compiled, example_inputs)
 
 
@@ -121,7 +152,11 @@ def _data_parallel(gm: fx.GraphModule, example_inputs: list, make_local: Callabl
     compiled under `memory_budget` (a Config.memory_budget; None: COLAUTO_MEMORY_BUDGET's)."""
     dp = data.DataParallel.world_group()
     data.prepare(gm, example_inputs, dp)
-    compiled = make_local(dp, memory_budget)(gm, example_inputs)
+    return _checked_gradients(gm, example_inputs, make_local(dp, memory_budget)(gm, example_inputs))
+
+
+def _checked_gradients(gm: fx.GraphModule, example_inputs: list, compiled: Callable) -> Callable:
+    """`compiled` (a data-parallel graph), checked for gradients no compiled graph averaged."""
     if not any(isinstance(t, torch.nn.Parameter) for t in [*example_inputs, *gm.parameters()]):
         return compiled
     try:
@@ -155,17 +190,20 @@ def graph_params(gm: fx.GraphModule, example_inputs: list) -> tuple[dict[int, st
 
 
 def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], params: dict,
-               config: Config, candidates: list, prefer_data_parallel: bool = False) -> ParallelPlan:
-    """The plan for one captured graph among `candidates` meshes (no process group needed).
+               config: Config, candidates: list, prefer_data_parallel: bool = False,
+               analysis=None) -> ParallelPlan:
+    """The plan for one captured graph among `candidates` meshes (no process group needed); `analysis`:
+    the graph's unplanned analysis, if its capture was made (else captured here, `analyze_only`).
 
     With `prefer_data_parallel` (the automatic plan), data parallelism is taken wherever it fits the
     budget (with rematerialization if need be), and sharded meshes are weighed only where it does not:
     it runs the captured graph as it is, while sharded plans still re-trace the model under DTensor
     (colauto_backend/parallel/emit.py), which fails on many models as transformers ships them."""
     from ..backend import analyze_only   # local import: the backend imports this module
-    progress.say("costing the joint forward+backward graph (AOTAutograd, cost model, rematerialization)")
-    with torch.enable_grad():    # plan for training, even when the first call is an evaluation
-        analysis = analyze_only(config, gm, example_inputs)
+    if analysis is None:
+        progress.say("costing the joint forward+backward graph (AOTAutograd, cost model, rematerialization)")
+        with torch.enable_grad():    # plan for training, even when the first call is an evaluation
+            analysis = analyze_only(config, gm, example_inputs)
     _register_rules()
     missing = _dtensor_rules.uncovered(analysis.joint)
     if missing and config.codegen == "inductor":
