@@ -105,8 +105,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         inductor_fuses = config.codegen == "inductor" or inductor_rest
         # outputs returned beside the loss: their backward is compiled without their (zero) gradients
         unused = output_grads.decide(gm, "output_grads=all" if config.output_grads == "all" else
-                                     "cuda graphs" if config.cudagraphs else
-                                     "several ranks" if mesh.world_size() > 1 else None)
+                                     "cuda graphs" if config.cudagraphs else None)
         marked = False
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:

@@ -17,7 +17,9 @@ one of them (`(loss + logits.logsumexp(-1).mean()).backward()`), a hook on that 
 `UnusedGradError` before the backward runs: the step fails loudly instead of dropping that gradient.
 `options={"output_grads": "all"}` (COLAUTO_OUTPUT_GRADS=all; the default is `loss`) compiles the
 general backward instead.
-Graphs with dynamic shapes, several ranks or CUDA graphs keep the general backward (counted).
+Graphs with dynamic shapes, DTensor outputs (tensor parallelism) or CUDA graphs keep the general
+backward (counted). On several ranks, data-parallel and FSDP graphs (plain outputs) are specialized too:
+each rank's loss gradient is its own, and the logits' gradients were never averaged.
 """
 from __future__ import annotations
 
@@ -51,6 +53,13 @@ def _rule(vals: list) -> tuple[tuple[int, ...], ...] | None:
     return tuple(tuple(v.shape) for v in vals if v.dim() > 0)
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if type(t) is torch.Tensor or not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
 def decide(gm: fx.GraphModule, reason: str | None) -> tuple[tuple[int, ...], ...]:
     """From the Dynamo graph, before AOTAutograd: the shapes of the outputs to compile without a gradient
     (none where `reason` says why not, or the rule does not hold: counted). Decided here, not on the
@@ -63,6 +72,8 @@ def decide(gm: fx.GraphModule, reason: str | None) -> tuple[tuple[int, ...], ...
     # bases), whose shape is not the output's: only graphs without such outputs, so that the joint
     # graph's tangents are these outputs' (`mark` agrees, also for a step loaded from the compile cache)
     shapes = () if any(v._is_view() for v in graded) else _rule(graded) or ()
+    if reason is None and any(_is_dtensor(v) for v in graded):
+        reason = "DTensor outputs (tensor parallelism)"     # their tangents are DTensors: not specialized
     if shapes and reason is not None:
         KEPT[reason] += 1
         return ()

@@ -107,8 +107,22 @@ def check(results: list[list[dict]], runs: list[str], expected_errors: tuple[str
             # zero_grad(set_to_none=True) frees the gradients: none is left on the module by the next forward
             assert r["stale_grads"] == 0, (run, r["rank"], r["stale_grads"])
             check_memory_terms(run, r)
+            check_output_grads(run, r)
         # the ranks hold the same parameters: their gradients were averaged, not left per rank
         assert len({r["param_sum"] for r in per_rank}) == 1, (run, [r["param_sum"] for r in per_rank])
+
+
+def check_output_grads(run: str, r: dict) -> None:
+    """A causal LM returns its logits beside the loss: on several ranks too, its backward is compiled
+    without their gradient (colauto_backend/output_grads.py), except where the logits are DTensors
+    (tensor parallelism, after the first call), which keep it, counted; training still equals one
+    process (check)."""
+    name, mesh = run.split("+")[0].split("@")
+    if name not in CAUSAL:
+        return
+    assert r["grads_skipped"] >= 1, (run, r["rank"], r["grads_kept"])
+    if "tp" in mesh:
+        assert r["grads_kept"].get("DTensor outputs (tensor parallelism)", 0) >= 1, (run, r["grads_kept"])
 
 
 def check_memory_terms(run: str, r: dict) -> None:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from colauto_backend import output_grads  # noqa: E402
 from colauto_backend.backend import ANALYSES  # noqa: E402
 from colauto_backend.parallel import overlap  # noqa: E402
 from colauto_backend.parallel.entry import PLANS  # noqa: E402
@@ -63,6 +64,7 @@ def run(spec: str, args) -> dict:
     ANALYSES.clear()
     PLANS.clear()
     prefetched = overlap.SUNK["gathers prefetched"]
+    specialized, kept = sum(output_grads.SPECIALIZED.values()), dict(output_grads.KEPT)
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
     seq = 32 if hf_zoo.SPECS[name].kind == "image" else args.seq     # the tiny configs' image side
@@ -103,7 +105,11 @@ def run(spec: str, args) -> dict:
            "max_param_diff": max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
            "chained_all_reduces": chained_all_reduces(),
-           "gathers_prefetched": overlap.SUNK["gathers prefetched"] - prefetched} | memory_terms(model)
+           "gathers_prefetched": overlap.SUNK["gathers prefetched"] - prefetched,
+           # backward graphs compiled without the logits' gradient, and why others kept every output's
+           "grads_skipped": sum(output_grads.SPECIALIZED.values()) - specialized,
+           "grads_kept": {k: v - kept.get(k, 0) for k, v in output_grads.KEPT.items() if v > kept.get(k, 0)},
+           } | memory_terms(model)
     if "ckpt" in flags:
         out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
     return out
