@@ -6,9 +6,6 @@ import sys
 # the g++ time, which is most of a codegen=inductor test on CPU. Set before torch is imported, so the
 # torchrun ranks and subprocesses the tests start inherit it. (GPU hosts: no effect on Triton kernels.)
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
-# ... and at -O0 (with -g: Inductor ties the two together): a third less time in a cold codegen=inductor
-# test (qwen2-inductor-static: 37 s -> 25 s); the kernels compute the same IEEE operations, more slowly.
-os.environ.setdefault("TORCHINDUCTOR_DEBUG_COMPILE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -114,15 +114,15 @@ def check(results: list[list[dict]], runs: list[str], expected_errors: tuple[str
 
 def check_output_grads(run: str, r: dict) -> None:
     """A causal LM returns its logits beside the loss: on several ranks too, its backward is compiled
-    without their gradient (colauto_backend/output_grads.py), except where the logits are DTensors
-    (tensor parallelism, after the first call), which keep it, counted; training still equals one
-    process (check)."""
+    without their gradient (colauto_backend/output_grads.py; under tp, at least the first call's, which
+    runs on plain tensors), and training still equals one process (check). A graph that keeps every
+    gradient says why: under tp only for DTensor outputs (TP_2's launch checks that this happens)."""
     name, mesh = run.split("+")[0].split("@")
     if name not in CAUSAL:
         return
     assert r["grads_skipped"] >= 1, (run, r["rank"], r["grads_kept"])
-    if "tp" in mesh:
-        assert r["grads_kept"].get("DTensor outputs (tensor parallelism)", 0) >= 1, (run, r["grads_kept"])
+    allowed = {"DTensor outputs (tensor parallelism)"} if "tp" in mesh else set()
+    assert set(r["grads_kept"]) <= allowed, (run, r["grads_kept"])
 
 
 def check_memory_terms(run: str, r: dict) -> None:
@@ -134,7 +134,8 @@ def check_memory_terms(run: str, r: dict) -> None:
     its gradient outputs do not line up with the flattened inputs: the sharded graph's model counted half
     of HF Llama's parameters under fsdp=2 as batch inputs, and under tp=2 left one out of the optimizer
     state. On these tiny models parameters dominate the peak: dp and fsdp plans are within -3%..+17% of
-    the graph's (a gathered copy the fp32 backward reads is counted at the peak; OPT is +17%); tp plans
+    the graph's (a gathered copy the fp32 backward reads is counted at the peak; OPT is +20%, +17% before
+    its logits' gradient was skipped on several ranks too, 2026-11-29); tp plans
     within -12%..+13% (tp's gathered activations are costed per layer from the column inputs: HF Llama
     under aten is -11%)."""
     if not r["graph_param_bytes"]:     # the last graph holds no parameter (after a graph break)
@@ -145,7 +146,7 @@ def check_memory_terms(run: str, r: dict) -> None:
     if r["plan_peak_bytes"] is not None:
         ratio = r["plan_peak_bytes"] / r["graph_peak_bytes"]
         low = 0.85 if "tp" in run.split("@")[1] else 0.96
-        assert low <= ratio <= 1.2, (run, ratio, r["plan_peak_bytes"], r["graph_peak_bytes"])
+        assert low <= ratio <= 1.25, (run, ratio, r["plan_peak_bytes"], r["graph_peak_bytes"])
 
 
 def test_two_processes_train_hf_models_like_one(tmp_path):
@@ -189,6 +190,8 @@ def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
     # the sharded plan's parameter gathers were issued ahead of their use (parallel.overlap.prefetch_gathers)
     sharded = [r for res in results for r in res if r["run"].startswith(SHARDED_UNDER_BUDGET)]
     assert sharded and all(r["gathers_prefetched"] > 0 for r in sharded), sharded
+    # a tp graph whose logits are DTensors keeps their gradient, counted (output_grads.decide)
+    assert any(r.get("grads_kept", {}).get("DTensor outputs (tensor parallelism)") for res in results for r in res)
     for err in errors_of(results, TP_REFUSED):
         assert err.startswith("ConfigError: COLAUTO_MESH: tensor parallelism cannot run"), err
         assert "batch_norm" in err and "COLAUTO_MESH=fsdp=N" in err and "\n" not in err, err
