@@ -41,12 +41,12 @@ class UnusedGradError(RuntimeError):
     """A gradient reached an output colauto compiled as having none."""
 
 
-def _rule(vals: list) -> tuple[tuple[int, ...], ...] | None:
+def _rule(vals: list, symbolic: bool = False) -> tuple[tuple[int, ...], ...] | None:
     """Of the floating tensors that get a gradient: where exactly one is 0-dim (the loss) and all have
-    static sizes, the shapes of the others (maybe none); else None."""
+    static sizes (or any, with `symbolic`), the shapes of the others (maybe none); else None."""
     if not all(isinstance(v, torch.Tensor) for v in vals):
         return None
-    if any(isinstance(s, torch.SymInt) for v in vals for s in (*v.shape, *v.stride())):
+    if not symbolic and any(isinstance(s, torch.SymInt) for v in vals for s in (*v.shape, *v.stride())):
         return None
     if sum(v.dim() == 0 for v in vals) != 1:
         return None
@@ -71,7 +71,12 @@ def decide(gm: fx.GraphModule, reason: str | None) -> tuple[tuple[int, ...], ...
     # an output that is a view gets its gradient through its base's tangent (AOTAutograd's intermediate
     # bases), whose shape is not the output's: only graphs without such outputs, so that the joint
     # graph's tangents are these outputs' (`mark` agrees, also for a step loaded from the compile cache)
-    shapes = () if any(v._is_view() for v in graded) else _rule(graded) or ()
+    if any(v._is_view() for v in graded):
+        return ()
+    shapes = _rule(graded) or ()
+    if not shapes and _rule(graded, symbolic=True):
+        KEPT["dynamic shapes"] += 1     # the rule holds but a size is symbolic: not specialized (yet)
+        return ()
     if reason is None and any(_is_dtensor(v) for v in graded):
         reason = "DTensor outputs (tensor parallelism)"     # their tangents are DTensors: not specialized
     if shapes and reason is not None:

@@ -81,6 +81,28 @@ def test_a_gradient_into_the_logits_raises_and_output_grads_all_computes_it():
         torch.testing.assert_close(got[key], ref[key], atol=1e-5, rtol=1e-4, msg=key)
 
 
+def test_dynamic_shapes_keep_the_logits_gradient_counted():
+    """With dynamic shapes the logits' sizes are symbolic: the backward keeps their gradient (autograd's
+    zero tensor of the logits' shape is made, as under plain torch.compile), the graph is counted under
+    "dynamic shapes", and the gradients equal eager's."""
+    kept = counters.counter("backward graphs that keep every output's gradient")
+    before = kept["dynamic shapes"]
+    torch.manual_seed(0)
+    model, make = build_hf("qwen2")
+    ref, _ = build_hf("qwen2")
+    batch = make(2, 16)
+    out = torch.compile(model, backend="colauto", dynamic=True)(**batch)
+    with ZeroFills() as fills:
+        out.loss.backward()
+    ref(**batch).loss.backward()
+    assert tuple(out.logits.shape) in fills.shapes
+    assert kept["dynamic shapes"] > before     # once per backend call (Dynamo may call it twice)
+    got, want = grads(model), grads(ref)
+    assert got.keys() == want.keys() and got
+    for key in got:
+        torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=1e-4, msg=key)
+
+
 def test_graph_without_a_loss_keeps_every_gradient():
     """A graph that returns no 0-dim output (its loss is computed after it) keeps its outputs' gradients:
     they are the loss's path, and equal eager's."""
