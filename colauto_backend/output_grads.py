@@ -17,8 +17,8 @@ one of them (`(loss + logits.logsumexp(-1).mean()).backward()`), a hook on that 
 `UnusedGradError` before the backward runs: the step fails loudly instead of dropping that gradient.
 `options={"output_grads": "all"}` (COLAUTO_OUTPUT_GRADS=all; the default is `loss`) compiles the
 general backward instead.
-Graphs with dynamic shapes, DTensor outputs (tensor parallelism) or CUDA graphs keep the general
-backward (counted). On several ranks, data-parallel and FSDP graphs (plain outputs) are specialized too:
+With dynamic shapes the zeros' symbolic sizes are read from the backward's own inputs (`_sizes`).
+Graphs with DTensor outputs (tensor parallelism) or CUDA graphs keep the general backward (counted). On several ranks, data-parallel and FSDP graphs (plain outputs) are specialized too:
 each rank's loss gradient is its own, and the logits' gradients were never averaged.
 """
 from __future__ import annotations
@@ -41,16 +41,26 @@ class UnusedGradError(RuntimeError):
     """A gradient reached an output colauto compiled as having none."""
 
 
-def _rule(vals: list, symbolic: bool = False) -> tuple[tuple[int, ...], ...] | None:
-    """Of the floating tensors that get a gradient: where exactly one is 0-dim (the loss) and all have
-    static sizes (or any, with `symbolic`), the shapes of the others (maybe none); else None."""
+Shape = tuple  # an output's sizes: an int per static dimension, the size's expression (str) per symbolic one
+
+
+def _shape(t: torch.Tensor) -> Shape:
+    return tuple(str(s) if isinstance(s, torch.SymInt) else int(s) for s in t.shape)
+
+
+def _rule(vals: list) -> tuple[Shape, ...] | None:
+    """Of the floating tensors that get a gradient: where exactly one is 0-dim (the loss), the shapes of the
+    others (maybe none); else None."""
     if not all(isinstance(v, torch.Tensor) for v in vals):
-        return None
-    if not symbolic and any(isinstance(s, torch.SymInt) for v in vals for s in (*v.shape, *v.stride())):
         return None
     if sum(v.dim() == 0 for v in vals) != 1:
         return None
-    return tuple(tuple(v.shape) for v in vals if v.dim() > 0)
+    return tuple(_shape(v) for v in vals if v.dim() > 0)
+
+
+def _matches(shape: Sequence[int], key: Shape) -> bool:
+    """A run-time output's sizes against a decided shape (a symbolic size matches any)."""
+    return len(shape) == len(key) and all(isinstance(k, str) or k == s for s, k in zip(shape, key))
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -60,7 +70,7 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
-def decide(gm: fx.GraphModule, reason: str | None) -> tuple[tuple[int, ...], ...]:
+def decide(gm: fx.GraphModule, reason: str | None) -> tuple[Shape, ...]:
     """From the Dynamo graph, before AOTAutograd: the shapes of the outputs to compile without a gradient
     (none where `reason` says why not, or the rule does not hold: counted). Decided here, not on the
     joint graph, so that a step loaded from torch's compile cache (no joint graph) decides the same."""
@@ -74,9 +84,6 @@ def decide(gm: fx.GraphModule, reason: str | None) -> tuple[tuple[int, ...], ...
     if any(v._is_view() for v in graded):
         return ()
     shapes = _rule(graded) or ()
-    if not shapes and _rule(graded, symbolic=True):
-        KEPT["dynamic shapes"] += 1     # the rule holds but a size is symbolic: not specialized (yet)
-        return ()
     if reason is None and any(_is_dtensor(v) for v in graded):
         reason = "DTensor outputs (tensor parallelism)"     # their tangents are DTensors: not specialized
     if shapes and reason is not None:
@@ -85,13 +92,13 @@ def decide(gm: fx.GraphModule, reason: str | None) -> tuple[tuple[int, ...], ...
     return shapes
 
 
-def mark(joint: fx.Graph, shapes: tuple[tuple[int, ...], ...]) -> bool:
+def mark(joint: fx.Graph, shapes: tuple[Shape, ...]) -> bool:
     """Mark the joint graph's tangents of the outputs `decide` chose (every tangent but the loss's, where
     the tangents are those outputs' and the loss's; otherwise none, counted). Whether any was marked."""
     if not shapes:
         return False
     tangents = [n for n in joint.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
-    if sorted(_rule([n.meta.get("val") for n in tangents]) or ()) != sorted(shapes):
+    if sorted(map(repr, _rule([n.meta.get("val") for n in tangents]) or ())) != sorted(map(repr, shapes)):
         KEPT["tangents other than the outputs'"] += 1
         return False
     for n in tangents:
@@ -112,8 +119,9 @@ def specialize(bw: fx.GraphModule, inputs: list) -> list:
         if not ph.meta.get(UNUSED) or not isinstance(ph.meta.get("val"), torch.Tensor):
             continue
         val = ph.meta["val"]
+        sizes, after = _sizes(bw, placeholders, val, after)
         with bw.graph.inserting_after(after):
-            zeros = bw.graph.call_function(torch.ops.aten.full.default, (list(val.shape), 0),
+            zeros = bw.graph.call_function(torch.ops.aten.full.default, (sizes, 0),
                                            {"dtype": val.dtype, "layout": torch.strided, "device": val.device,
                                             "pin_memory": False})
         zeros.meta.update({k: v for k, v in ph.meta.items() if k != UNUSED})
@@ -129,7 +137,34 @@ def specialize(bw: fx.GraphModule, inputs: list) -> list:
     return [0 if i in replaced else x for i, x in enumerate(inputs)]
 
 
-def expecting_unused(compiled: Callable, shapes: Sequence[tuple[int, ...]]) -> Callable:
+def _sizes(bw: fx.GraphModule, placeholders: list[fx.Node], val: torch.Tensor, after: fx.Node) -> tuple[list, fx.Node]:
+    """`val`'s sizes as `full`'s argument in the backward graph: ints, and for a symbolic size the node that
+    gives it at run time (a SymInt input of the backward, or the size of a tensor input that is not a
+    tangent). The last node inserted (or `after`)."""
+    sizes = []
+    for s in val.shape:
+        if not isinstance(s, torch.SymInt):
+            sizes.append(int(s))
+            continue
+        want = str(s)
+        source = next((p for p in placeholders if isinstance(p.meta.get("val"), torch.SymInt)
+                       and str(p.meta["val"]) == want), None)
+        if source is None:
+            owner = next(((p, d) for p in placeholders if not p.name.startswith("tangents")
+                          and isinstance(p.meta.get("val"), torch.Tensor)
+                          for d, x in enumerate(p.meta["val"].shape) if str(x) == want), None)
+            if owner is None:
+                raise RuntimeError(f"colauto: the backward graph has no input giving the size {want} of an output "
+                                   "compiled without its gradient; set COLAUTO_OUTPUT_GRADS=all and report this")
+            with bw.graph.inserting_after(after):
+                source = bw.graph.call_function(torch.ops.aten.sym_size.int, owner)
+            source.meta["val"] = s
+            after = source
+        sizes.append(source)
+    return sizes, after
+
+
+def expecting_unused(compiled: Callable, shapes: Sequence[Shape]) -> Callable:
     """`compiled` (AOTAutograd's step, boxed or not), calling `expect_unused` on its outputs each time."""
     def run(*args):
         outputs = compiled(*args)
@@ -139,7 +174,7 @@ def expecting_unused(compiled: Callable, shapes: Sequence[tuple[int, ...]]) -> C
     return run
 
 
-def expect_unused(outputs: Any, shapes: Sequence[tuple[int, ...]]) -> None:
+def expect_unused(outputs: Any, shapes: Sequence[Shape]) -> None:
     """After the compiled forward: autograd is not to make zero gradients for the step's outputs (its
     node's `materialize_grads`), and a gradient that reaches an output of a marked shape raises."""
     tensors = [t for t in (outputs if isinstance(outputs, (list, tuple)) else [outputs])
@@ -147,7 +182,7 @@ def expect_unused(outputs: Any, shapes: Sequence[tuple[int, ...]]) -> None:
     if not compat.skip_zero_grads(tensors):
         return
     for t in tensors:
-        if t.dim() > 0 and tuple(t.shape) in shapes:
+        if t.dim() > 0 and any(_matches(t.shape, key) for key in shapes):
             t.register_hook(_refuse(tuple(t.shape)))
 
 
