@@ -25,8 +25,9 @@ def meshes():
     started = not dist.is_initialized()
     if started:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
-    if dist.get_world_size() != WORLD:
-        pytest.skip(f"a process group of {dist.get_world_size()} ranks is already running; these tests need {WORLD}")
+    if dist.get_world_size() != WORLD:   # a failure, not a skip: an earlier test left its group running
+        pytest.fail(f"a process group of {dist.get_world_size()} ranks is already running (an earlier test in this "
+                    f"worker did not destroy it); these tests need {WORLD}")
     yield {"1d": init_device_mesh("cpu", (WORLD,)), "2d": init_device_mesh("cpu", (2, 2))}
     if started:
         dist.destroy_process_group()
