@@ -17,9 +17,10 @@ one of them (`(loss + logits.logsumexp(-1).mean()).backward()`), a hook on that 
 `UnusedGradError` before the backward runs: the step fails loudly instead of dropping that gradient.
 `options={"output_grads": "all"}` (COLAUTO_OUTPUT_GRADS=all; the default is `loss`) compiles the
 general backward instead.
-With dynamic shapes the zeros' symbolic sizes are read from the backward's own inputs (`_sizes`).
-Graphs with DTensor outputs (tensor parallelism) or CUDA graphs keep the general backward (counted). On several ranks, data-parallel and FSDP graphs (plain outputs) are specialized too:
-each rank's loss gradient is its own, and the logits' gradients were never averaged.
+With dynamic shapes the zeros' symbolic sizes are read from the backward's own inputs (`_sizes`). On
+several ranks, data-parallel and FSDP graphs (plain outputs) are specialized too: each rank's loss
+gradient is its own, and the logits' gradients were never averaged. Graphs with DTensor outputs (tensor
+parallelism) or CUDA graphs keep the general backward (counted).
 """
 from __future__ import annotations
 

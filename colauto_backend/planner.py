@@ -213,9 +213,7 @@ class Planner:
         if first_fit is not None and not partition and first_fit not in self._simulated:
             ev, analysis = self.modeled(first_fit)   # the model is the partition: described without running it
             chosen = (first_fit, ev, None, analysis, False)
-        elif self.exact and first_fit is None:
-            pass        # the model is the partition: no real partition of a modeled candidate fits either
-        else:
+        elif not (self.exact and first_fit is None):   # exact: no real partition fits where no model does
             chosen, misses = self._probe(order, limit)
         if chosen is None:     # no modeled candidate fits: the compute-only ones, which min-cut completes
             found = self._search(cands.searched, limit)

@@ -79,30 +79,34 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     plans: list[ParallelPlan] = []
 
     def decide(analysis) -> tuple[data.DataParallel | None, tuple[str, float]]:
-        """From the capture being compiled: its plan, and how this first call runs (see below). No
+        """From the capture being compiled: its plan, and how this first call runs (`_first_call`). No
         collective runs here, inside AOTAutograd's partitioner (gloo hung there, 1 launch in 3)."""
         plans.append(plan_graph(gm, example_inputs, names, params, config, candidates,
                                 prefer_data_parallel=config.mesh is None, analysis=analysis))
-        if plans[0].data_parallel_only:
-            return data.DataParallel.world_group(), _planned_budget(plans[0])
-        return data.DataParallel.world_group(reduce_grads=False), ("none", 0.0)
+        return _first_call(plans[0])
 
     if capture_serves_planning(config, example_inputs):
-        # one capture: the plan is made from the joint graph AOTAutograd traces for this compile; the
-        # ranks check they made the same one before anything runs
+        # one capture: the plan is made from the joint graph AOTAutograd traces for this compile
         compiled = make_local(decide=decide)(gm, example_inputs)
-        _adopt(plans[0], config)
-        if plans[0].data_parallel_only:
-            data.prepare(gm, example_inputs, data.DataParallel.world_group())
-            return _checked_gradients(gm, example_inputs, compiled)
-        return _shard(gm, example_inputs, plans[0], compiled)
-    plan = plan_graph(gm, example_inputs, names, params, config, candidates,
-                      prefer_data_parallel=config.mesh is None)
-    _adopt(plan, config)
+        plan = plans[0]
+    else:
+        plan = plan_graph(gm, example_inputs, names, params, config, candidates,
+                          prefer_data_parallel=config.mesh is None)
+        compiled = make_local(*_first_call(plan))(gm, example_inputs)
+    _adopt(plan, config)      # the ranks check they made the same plan before anything runs
     if plan.data_parallel_only:
-        return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
-    compiled = make_local(data.DataParallel.world_group(reduce_grads=False), ("none", 0.0))(gm, example_inputs)
+        data.prepare(gm, example_inputs, data.DataParallel.world_group())
+        return _checked_gradients(gm, example_inputs, compiled)
     return _shard(gm, example_inputs, plan, compiled)
+
+
+def _first_call(plan: ParallelPlan) -> tuple[data.DataParallel, tuple[str, float]]:
+    """How the captured graph is compiled for its first call under `plan`: data parallelism under the
+    plan's budget, or, for a sharded plan, data parallelism on the gathered parameters (the shards'
+    reads reduce the gradients) without a budget (see `_shard`)."""
+    if plan.data_parallel_only:
+        return data.DataParallel.world_group(), _planned_budget(plan)
+    return data.DataParallel.world_group(reduce_grads=False), ("none", 0.0)
 
 
 def _adopt(plan: ParallelPlan, config: Config) -> None:
