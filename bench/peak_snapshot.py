@@ -6,7 +6,10 @@
 Runs the step under colauto (Inductor codegen, the given COLAUTO_MEMORY_BUDGET; "inductor" for
 torch.compile's default backend; "none" for colauto without a budget), records the allocator history of one steady-state step, replays it
 to find the peak and writes the live allocations there (size, allocating source line) to peak.txt,
-with the generated Inductor modules those lines come from. Under colauto it also writes predicted.txt:
+with the generated Inductor modules those lines come from. With --held, the allocator records from before
+the compile instead, and held.txt lists what is allocated at the end of the step (held between steps:
+parameters, optimizer state, and anything else) with the Python frames that allocated it. Under colauto
+(without --held) it also writes predicted.txt:
 the memory model's storages live at its predicted peak (`cost.memory.live_at_peak`, the node that made
 each), for the graph compiled last (the step's, where it has one graph). For checking the memory model by hand.
 """
@@ -31,7 +34,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=parse_models, default=parse_models("gpt2:124m:16:1024"))
     ap.add_argument("--budget", default="inductor")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--held", action="store_true", help="record from before the compile; write held.txt")
     args = ap.parse_args(argv)
+    if args.held:
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     args.device, args.dtype = "cuda", "bf16"
     spec = args.model[0]
     model, make_inputs, loss_of = build_model(spec, "cuda")   # the zoo's models or hf/<name>
@@ -56,13 +62,16 @@ def main(argv=None) -> int:
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    torch.cuda.memory._record_memory_history(max_entries=200000)
+    if not args.held:
+        torch.cuda.memory._record_memory_history(max_entries=200000)
     step()
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.held:
+        return write_held(snap, out / "held.txt")
     events = [e for trace in snap["device_traces"] for e in trace]
     live: dict[int, dict] = {}
     base = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
@@ -106,6 +115,25 @@ def main(argv=None) -> int:
     for f in files:
         if Path(f).exists():
             shutil.copy(f, out / Path(f).name)
+    print("\n".join(lines[:40]))
+    return 0
+
+
+def write_held(snap: dict, path: Path) -> int:
+    """Blocks allocated at the snapshot, largest first, each with the innermost Python frames that made it
+    (outside torch's own modules and functional wrappers), and the total per allocating site."""
+    blocks = [b for seg in snap["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"]
+    lines = [f"allocated at the end of the step: {sum(b['size'] for b in blocks) / GiB:.3f} GiB in {len(blocks)} blocks", ""]
+    sites: dict[str, list[int]] = {}
+    for b in blocks:
+        frames = [f for f in b.get("frames", []) if f["filename"].endswith(".py")]
+        own = [f for f in frames if "/torch/" not in f["filename"] or "/torch/_inductor/" in f["filename"]
+               or "/torch/_functorch/" in f["filename"]][:6]
+        site = " <- ".join(f"{Path(f['filename']).name}:{f['line']}({f['name']})" for f in own) or "(no frames)"
+        sites.setdefault(site, []).append(b["size"])
+    for site, sizes in sorted(sites.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"{sum(sizes) / 2**20:10.1f} MiB  {len(sizes):5d} blocks  {site}")
+    path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:40]))
     return 0
 
