@@ -71,7 +71,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.held:
-        return write_held(snap, out / "held.txt")
+        write_held(snap, out / "held.txt")
+        return write_holders(model, opt, out / "holders.txt")
     events = [e for trace in snap["device_traces"] for e in trace]
     live: dict[int, dict] = {}
     base = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
@@ -135,6 +136,44 @@ def write_held(snap: dict, path: Path) -> int:
         lines.append(f"{sum(sizes) / 2**20:10.1f} MiB  {len(sizes):5d} blocks  {site}")
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:40]))
+    return 0
+
+
+def write_holders(model, opt, path: Path, min_bytes: int = 256 * 2**20) -> int:
+    """Who holds each large CUDA tensor that is neither a parameter, a gradient nor optimizer state: the
+    chain of Python referrers (3 levels), and the allocated bytes before and after a garbage collection
+    (a drop means a reference cycle held it)."""
+    import gc
+    own = {id(p) for p in model.parameters()} | {id(t) for st in opt.state.values() for t in st.values()
+                                                 if isinstance(t, torch.Tensor)}
+    before = torch.cuda.memory_allocated()
+    found = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda and id(o) not in own
+             and o.untyped_storage().nbytes() >= min_bytes]
+    lines = [f"large CUDA tensors held outside the model and optimizer: {len(found)}"]
+    for t in found:
+        lines.append(f"- {tuple(t.shape)} {t.dtype} {t.untyped_storage().nbytes() / 2**20:.1f} MiB")
+        level = [t]
+        for depth in range(3):
+            nxt = []
+            for o in level:
+                for r in gc.get_referrers(o):
+                    if r is level or r is found or r is lines or type(r).__name__ == "frame" and r.f_code.co_name == "write_holders":
+                        continue
+                    desc = type(r).__name__
+                    if isinstance(r, dict):
+                        desc += " keys " + ", ".join(map(str, list(r)[:6]))
+                    elif hasattr(r, "__qualname__"):
+                        desc += " " + r.__qualname__
+                    elif type(r).__name__ == "cell":
+                        desc += " (closure cell)"
+                    lines.append("  " * (depth + 2) + desc[:200])
+                    nxt.append(r)
+            level = nxt[:8]
+    del found
+    gc.collect()
+    lines.append(f"allocated {before / 2**30:.3f} GiB; after gc.collect() {torch.cuda.memory_allocated() / 2**30:.3f} GiB")
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:60]))
     return 0
 
 

@@ -41,28 +41,37 @@ class Timeline:
     saved: Expr                 # activations the forward keeps for backward (no parameter aliases)
     saved_nodes: list[tuple[str, Expr]]   # (forward node, bytes) of each saved storage, counted once
     inputs: Expr
-    fused: frozenset[str] = frozenset()   # nodes computed inside a consumer's kernel (Inductor codegen)
+    fused: frozenset[str] = frozenset()   # nodes costing no kernel of their own (Inductor codegen): kernel_fused_of
 
 
-# Inductor materializes a pointwise result read by more kernels than this (torch._inductor.config
-# realize_reads_threshold); below it, each reader recomputes the value inside its own loop.
+# Inductor's lowering computes a pointwise result inside the loops of the kernels that read it (its value
+# is "inlined") unless it realizes it into a buffer (torch._inductor.graph.GraphLowering.run_node,
+# ir.StorageBox): where an extern kernel (matmul, collective, fallback) or the graph's return reads it; where
+# several nodes read it and its inlined expression reads more than REALIZE_READS buffers or runs more than
+# its op limit (config.realize_reads_threshold, realize_opcount_threshold); where the expression reads more
+# than its accumulated-reads limit (realize_acc_reads_threshold); on CPU also where several nodes read an
+# expression with a transcendental op. Limits per device: (ops, accumulated reads).
 REALIZE_READS = 4
+_REALIZE_LIMITS = {"cuda": (30, 8), "cpu": (50, 12)}
+_CPU_HEAVY = frozenset(getattr(torch.ops.aten, n) for n in ("exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"))
+# memory-bound ops Inductor lowers as pointwise loops (inlinable) beside those tagged pointwise; the rest of
+# the memory-bound ops (reductions, softmax, norms, cat, scatter, sort, pooling, random) write a buffer
+_aten = torch.ops.aten
+_POINTWISE_LOWERED = frozenset({
+    _aten.clone, _aten._to_copy, _aten.full, _aten.zeros, _aten.ones, _aten.full_like, _aten.zeros_like,
+    _aten.ones_like, _aten.scalar_tensor, _aten.arange, _aten.embedding, _aten.index, _aten.gather,
+    _aten.slice_scatter, _aten.select_scatter, _aten.select_backward, _aten.slice_backward,
+    _aten.constant_pad_nd, _aten.tril, _aten.triu, _aten.expand_copy, _aten.view_copy, _aten.permute_copy,
+    _aten.alias_copy, _aten.flip, _aten.roll, _aten.repeat})
 
 
-def fused_away(graph: fx.Graph) -> set[fx.Node]:
-    """Memory-bound nodes that Inductor computes inside their consumers' kernels, never writing them to
-    memory: every consumer (looking through views) is itself memory-bound, there are at most
-    REALIZE_READS of them, and the node is not returned. Matmul-class, collective and unknown ops
-    read materialized buffers."""
-    nodes = [n for n in graph.nodes if n.op == "call_function"]
-    return fused_away_of(nodes, set(list(graph.nodes)[-1].all_input_nodes))
-
-
-def fused_away_of(nodes: list[fx.Node], returned: set, recomputed: frozenset[str] = frozenset()) -> set[fx.Node]:
-    """`fused_away` for the graph that runs `nodes` and returns `returned` (a modeled partition's forward
-    or backward, as nodes of the joint graph): only users among `nodes` are its consumers. A node named
-    in `recomputed` (a backward's rerun of a forward op) read by several kernels is materialized: its
-    group's kernel writes it."""
+def kernel_fused_of(nodes: list[fx.Node], returned: set, recomputed: frozenset[str] = frozenset()) -> set[fx.Node]:
+    """The time model's fused nodes: memory-bound nodes whose work runs inside another kernel, so that
+    they cost no time of their own. Every consumer (through views) is memory-bound, at most
+    REALIZE_READS of them, the node is not returned, and a recomputed node has one reader (a recomputed
+    group's kernel writes what several read). Coarser than `fused_away_of` (which says what is written,
+    for memory): a realized pointwise or reduction that Inductor's scheduler fuses into its producer's
+    or consumer's kernel still costs nothing here, as the step times measured on H100/H200s showed."""
     members = set(nodes)
     kind = {n: _kind(n) for n in nodes}
     needed: dict[fx.Node, bool] = {}
@@ -74,6 +83,66 @@ def fused_away_of(nodes: list[fx.Node], returned: set, recomputed: frozenset[str
     return {n for n in nodes if kind[n] == "memory" and not needed[n] and readers[n] <= REALIZE_READS
             and not isinstance(n.meta.get("val"), (tuple, list))
             and (n.name not in recomputed or readers[n] == 1)}
+
+
+def _inlinable(n: fx.Node, cpu: bool = False, members: set | None = None) -> bool:
+    """Whether Inductor lowers the node as pointwise loops. A cat of at most 8 inputs whose readers are
+    all pointwise is a pointwise cat on GPUs (lowering.cat); on CPU a ConcatKernel writes it."""
+    op = n.target
+    if not isinstance(op, torch._ops.OpOverload) or isinstance(n.meta.get("val"), (tuple, list)):
+        return False
+    if op.overloadpacket is _aten.cat:
+        return (not cpu and members is not None and len(n.args[0]) <= 8
+                and all(_kind(u) == "memory" and _inlinable(u) for u in n.users if u in members))
+    return torch.Tag.pointwise in op.tags or op.overloadpacket in _POINTWISE_LOWERED
+
+
+def fused_away(graph: fx.Graph, cpu: bool = False) -> set[fx.Node]:
+    """Memory-bound nodes that Inductor computes inside their consumers' kernels, never writing them to
+    memory (the rule above the limits). Matmul-class, collective and unknown ops read materialized buffers."""
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    return fused_away_of(nodes, set(list(graph.nodes)[-1].all_input_nodes), cpu=cpu)
+
+
+def fused_away_of(nodes: list[fx.Node], returned: set, cpu: bool = False) -> set[fx.Node]:
+    """`fused_away` for the graph that runs `nodes` (in an order Inductor could lower them in) and returns
+    `returned` (a modeled partition's forward or backward, as nodes of the joint graph): only users among
+    `nodes` are its readers. Each inlined node carries what its expression reads (the buffers, through
+    inlined inputs and views) and its op count, as Inductor's loops body does."""
+    members = set(nodes)
+    ops_limit, acc_limit = _REALIZE_LIMITS["cpu" if cpu else "cuda"]
+    kind = {n: _kind(n) for n in nodes}
+    needed: dict[fx.Node, bool] = {}
+    for n in reversed(nodes):
+        users = [u for u in n.users if u in members]
+        needed[n] = n in returned or any(
+            kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u]) for u in users)
+    base: dict[fx.Node, fx.Node] = {}                          # a view -> the node whose value it shows
+    inlined: dict[fx.Node, tuple[frozenset, frozenset, bool]] = {}  # node -> (buffers read, ops, heavy op)
+
+    def loads(a: fx.Node) -> tuple[frozenset, frozenset, bool]:
+        a = base.get(a, a)
+        return inlined.get(a, (frozenset([a]), frozenset(), False))
+    for n in nodes:
+        if kind[n] == "view":
+            src = next(iter(n.all_input_nodes), None)
+            if src is not None:
+                base[n] = base.get(src, src)
+            continue
+        if kind[n] != "memory" or needed[n] or not _inlinable(n, cpu, members):
+            continue
+        reads, body, heavy = frozenset(), frozenset([n]), cpu and n.target.overloadpacket in _CPU_HEAVY
+        for a in n.all_input_nodes:
+            r, b, h = loads(a)
+            reads, body, heavy = reads | r, body | b, heavy or h
+        ops = len(body) + len(reads)        # each op and load once: Inductor counts after CSE
+        fanout = sum(1 for u in n.users if u in members)
+        if fanout > 1 and (ops > ops_limit or len(reads) > REALIZE_READS or heavy):
+            continue
+        if len(reads) > acc_limit or ops > ops_limit:
+            continue
+        inlined[n] = (reads, body, heavy)
+    return set(inlined)
 
 
 def inductor_order(graph: fx.Graph, recomputed: frozenset[str]) -> list[fx.Node]:
@@ -153,12 +222,19 @@ class _Sim:
         if len(self.state) < len(self.basis.terms):
             self.state = np.pad(self.state, (0, len(self.basis.terms) - len(self.state)))
 
-    def new(self, nbytes: Expr) -> int:
-        """A fresh storage with one reference (its creator's); permanent holders never drop it."""
+    def _rounded(self, nbytes: Expr) -> Expr:
         if not nbytes.free_symbols and self.device.alloc_round > 1:
             r = self.device.alloc_round
-            nbytes = sym(-(-int(nbytes) // r) * r)
-        self.size.append(self.basis.sparse(nbytes))
+            return sym(-(-int(nbytes) // r) * r)
+        return nbytes
+
+    def _measure(self, nbytes: Expr):
+        """A storage's size as this simulation keeps it (sparse over the basis)."""
+        return self.basis.sparse(self._rounded(nbytes))
+
+    def new(self, nbytes: Expr) -> int:
+        """A fresh storage with one reference (its creator's); permanent holders never drop it."""
+        self.size.append(self._measure(nbytes))
         self.refs.append(1)
         self._grow()
         self.state += self._vec(self.size[-1])
@@ -183,10 +259,11 @@ class _Sim:
         """Simulate one graph. env: placeholder name -> storages (given by the caller, already referenced
         once per placeholder). Returns the storages of each graph output, each referenced once more."""
         nodes = inductor_order(graph, recomputed) if self.fused else list(graph.nodes)
-        self.virtual = (fused_away_of([n for n in graph.nodes if n.op == "call_function"],
-                                      set(list(graph.nodes)[-1].all_input_nodes), recomputed)
-                        if self.fused else set())
-        self.fused_names.update(n.name for n in self.virtual)
+        calls = [n for n in nodes if n.op == "call_function"]
+        returned = set(list(graph.nodes)[-1].all_input_nodes)
+        self.virtual = fused_away_of(calls, returned, cpu=self.device.name == "cpu") if self.fused else set()
+        if self.fused:
+            self.fused_names.update(n.name for n in kernel_fused_of(calls, returned, recomputed))
         return self.run_nodes([n for n in nodes if n.op not in ("placeholder", "output")],
                               [n for n in nodes if n.op == "placeholder"], list(nodes[-1].args[0]),
                               tag, env, placeholders_held)
@@ -212,6 +289,8 @@ class _Sim:
         held = set(inputs) if inputs_held else set()
         for n in nodes:
             stor[n] = self._outputs(n, stor)
+            if self.fused and not stor[n] and n not in self.virtual and _inlinable(n):
+                stor[n] = self._in_place(n, stor, last_use, held)
             self.record_node(tag, n)
             if n not in last_use:            # computed but unused: freed at once
                 self._release(stor[n])
@@ -255,7 +334,23 @@ class _Sim:
             return sids
         if n in self.virtual:   # fused into its consumers: a zero-byte placeholder keeps refcounts uniform
             return [self.new(sym(0)) for _ in nbytes]
+        if self.fused and _inlinable(n):
+            return []           # a pointwise kernel's buffer: `_in_place` decides where it is written
         return [self.new(b) for b in nbytes]
+
+    def _in_place(self, n: fx.Node, stor: dict[fx.Node, list[int]], last_use: dict, held: set) -> list[int]:
+        """The buffer of a pointwise kernel Inductor writes: an input's, where that input dies in this
+        kernel, is no one else's (a view of it, a graph input the caller holds) and has its size (the
+        scheduler's in-place reuse, `in_out_ptr`); else a new one."""
+        (nbytes,) = _node_storage(n)[1]
+        size = self._measure(nbytes)
+        for a in n.all_input_nodes:
+            sids = stor.get(a, [])
+            if (last_use.get(a) is n and a not in held and len(sids) == 1 and self.refs[sids[0]] == 1
+                    and self.size[sids[0]] == size):
+                self.ref(sids[0])
+                return [sids[0]]
+        return [self.new(nbytes)]
 
 
 _STORAGE: "weakref.WeakKeyDictionary[fx.Node, tuple[bool, list[Expr]]]" = weakref.WeakKeyDictionary()
@@ -436,18 +531,22 @@ class _PeakSim(_Sim):
     """The same simulation in bytes at the example sizes only: the peak and where it is, no timeline.
     Cheap enough to run for every candidate plan (predict_partition)."""
 
-    def __init__(self, device: DeviceSpec, hints: dict) -> None:
-        super().__init__(Basis(), device, fused=False)
+    def __init__(self, device: DeviceSpec, hints: dict, fused: bool = False) -> None:
+        super().__init__(Basis(), device, fused=fused)
         self.hints, self.memo = hints, {}
         self.state, self.peak, self.peak_at = 0, 0, ""
 
-    def new(self, nbytes: Expr) -> int:
+    def _measure(self, nbytes: Expr) -> int:
         b = self.memo.get(nbytes)
         if b is None:
             b = int(nbytes.xreplace(self.hints)) if nbytes.free_symbols else int(nbytes)
             if not nbytes.free_symbols and self.device.alloc_round > 1:
                 b = -(-b // self.device.alloc_round) * self.device.alloc_round
             self.memo[nbytes] = b
+        return b
+
+    def new(self, nbytes: Expr) -> int:
+        b = self._measure(nbytes)
         self.size.append(b)
         self.refs.append(1)
         self.state += b
@@ -472,8 +571,7 @@ class _LiveSim(_PeakSim):
     batch, optimizer state, workspace) and keeps the storages live at the peak (`live_at_peak`)."""
 
     def __init__(self, device: DeviceSpec, hints: dict, fused: bool) -> None:
-        super().__init__(device, hints)
-        self.fused = fused
+        super().__init__(device, hints, fused)
         self.owner: list[str] = []    # storage id -> the node that made it
         self.peak_live: list[tuple[str, int]] = []
 
@@ -606,10 +704,10 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
     fw_virtual: set[fx.Node] = set()
     bw_virtual: set[fx.Node] = set()
     if fused:
-        fw_virtual = fused_away_of(fw_run, set(fw_outputs + saved_list))
-        again = frozenset(n.name for n in recomputed)
-        bw_run = inductor_order_of(bw_run, again)
-        bw_virtual = fused_away_of(bw_run, {g for g in grads if isinstance(g, fx.Node)}, again)
+        cpu = device.name == "cpu"
+        fw_virtual = fused_away_of(fw_run, set(fw_outputs + saved_list), cpu=cpu)
+        bw_run = inductor_order_of(bw_run, frozenset(n.name for n in recomputed))
+        bw_virtual = fused_away_of(bw_run, {g for g in grads if isinstance(g, fx.Node)}, cpu=cpu)
 
     def run_fw(s: "_PeakSim", env: dict) -> list[list[int]]:
         s.virtual = fw_virtual
@@ -618,7 +716,7 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
     def run_bw(s: "_PeakSim", env: dict) -> list[list[int]]:
         s.virtual = bw_virtual
         return s.run_nodes(bw_run, saved_list + tangents, grads, "bwd", env, False)
-    sim = _PeakSim(device, hints)
+    sim = _PeakSim(device, hints, fused)
     split = _Split(primals, fw_outputs + saved_list, run_fw, saved_list + tangents, grads, run_bw)
     _, saved_sids = _run_step(sim, split, param_indices=param_indices, num_fwd_outputs=num_fwd_outputs,
                               device=device, optimizer=optimizer)
