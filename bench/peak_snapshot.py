@@ -1,6 +1,6 @@
 """Which buffers are live at a compiled training step's measured peak (CUDA).
 
-    python -m bench.peak_snapshot --model gpt2:124m:16:1024 --budget 4197093376b --out DIR
+    python -m bench.peak_snapshot --model gpt2:124m:16:1024 --budget 4.7GiB --out DIR
     python -m bench.peak_snapshot --model hf/gpt2:bench:8:1024 --budget none --out DIR
 
 Runs the step under colauto (Inductor codegen, the given COLAUTO_MEMORY_BUDGET; "inductor" for
