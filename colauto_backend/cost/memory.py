@@ -65,6 +65,17 @@ _POINTWISE_LOWERED = frozenset({
     _aten.alias_copy, _aten.flip, _aten.roll, _aten.repeat})
 
 
+def _needed(nodes: list[fx.Node], members: set, kind: dict, returned: set) -> dict[fx.Node, bool]:
+    """Whether each node's value must be a buffer: the graph returns it, or an extern kernel (matmul,
+    collective, unknown op) reads it, directly or through views."""
+    needed: dict[fx.Node, bool] = {}
+    for n in reversed(nodes):
+        users = [u for u in n.users if u in members]
+        needed[n] = n in returned or any(
+            kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u]) for u in users)
+    return needed
+
+
 def kernel_fused_of(nodes: list[fx.Node], returned: set, recomputed: frozenset[str] = frozenset()) -> set[fx.Node]:
     """The time model's fused nodes: memory-bound nodes whose work runs inside another kernel, so that
     they cost no time of their own. Every consumer (through views) is memory-bound, at most
@@ -74,11 +85,7 @@ def kernel_fused_of(nodes: list[fx.Node], returned: set, recomputed: frozenset[s
     or consumer's kernel still costs nothing here, as the step times measured on H100/H200s showed."""
     members = set(nodes)
     kind = {n: _kind(n) for n in nodes}
-    needed: dict[fx.Node, bool] = {}
-    for n in reversed(nodes):
-        users = [u for u in n.users if u in members]
-        needed[n] = n in returned or any(
-            kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u]) for u in users)
+    needed = _needed(nodes, members, kind, returned)
     readers = {n: sum(1 for u in n.users if u in members) for n in nodes}
     return {n for n in nodes if kind[n] == "memory" and not needed[n] and readers[n] <= REALIZE_READS
             and not isinstance(n.meta.get("val"), (tuple, list))
@@ -112,13 +119,9 @@ def fused_away_of(nodes: list[fx.Node], returned: set, cpu: bool = False) -> set
     members = set(nodes)
     ops_limit, acc_limit = _REALIZE_LIMITS["cpu" if cpu else "cuda"]
     kind = {n: _kind(n) for n in nodes}
-    needed: dict[fx.Node, bool] = {}
-    for n in reversed(nodes):
-        users = [u for u in n.users if u in members]
-        needed[n] = n in returned or any(
-            kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u]) for u in users)
+    needed = _needed(nodes, members, kind, returned)
     base: dict[fx.Node, fx.Node] = {}                          # a view -> the node whose value it shows
-    inlined: dict[fx.Node, tuple[frozenset, frozenset, bool]] = {}  # node -> (buffers read, ops, heavy op)
+    inlined: dict[fx.Node, tuple[frozenset, frozenset, bool]] = {}  # node -> (buffers read, ops in it, heavy op)
 
     def loads(a: fx.Node) -> tuple[frozenset, frozenset, bool]:
         a = base.get(a, a)
