@@ -101,3 +101,38 @@ def test_a_recomputed_group_runs_just_before_its_first_reader():
     assert names == ["x", "y", m.name, r1.name, r2.name, u.name, "output"], names
     # not recomputed: the graph's order
     assert [n.name for n in memory.inductor_order(g, frozenset())] == [n.name for n in g.nodes]
+
+
+def test_a_value_read_twice_is_written_once_it_reads_more_than_four_buffers():
+    """Inductor's lowering rule as the memory model has it (`fused_away`), on hand-built graphs: a sum
+    of 4 inputs that several pointwise ops read is recomputed inside each of them (no buffer), however
+    many they are; one more input makes it 5 buffers read, so it is written; a value a matmul reads and
+    the graph's return are written; a value read once is inlined with up to 8 buffers read."""
+    from colauto_backend.cost import memory
+    aten = torch.ops.aten
+
+    def build(readers_of_a3: int):
+        g = torch.fx.Graph()
+        p = [g.placeholder(f"p{i}") for i in range(6)]
+        a1 = g.call_function(aten.add.Tensor, (p[0], p[1]))
+        a2 = g.call_function(aten.add.Tensor, (a1, p[2]))
+        a3 = g.call_function(aten.add.Tensor, (a2, p[3]))        # reads p0..p3
+        cs = [g.call_function(aten.mul.Tensor, (a3, 2 + k)) for k in range(readers_of_a3)]
+        a4 = g.call_function(aten.add.Tensor, (a3, p[4]))        # reads p0..p4, read twice
+        d1 = g.call_function(aten.mul.Tensor, (a4, 2))
+        d2 = g.call_function(aten.mul.Tensor, (a4, 3))
+        out = cs[0]
+        for c in cs[1:] + [d1, d2]:                               # reads p0..p3 and a4: 5, each read once
+            out = g.call_function(aten.add.Tensor, (out, c))
+        e = g.call_function(aten.mul.Tensor, (p[5], 2))
+        m = g.call_function(aten.mm.default, (e, e))
+        g.output((out, m))
+        for n in g.nodes:
+            if n.op != "output":
+                n.meta["val"] = torch.empty(4, 4)
+        written = {n.name for n in g.nodes if n.op == "call_function"} - {n.name for n in memory.fused_away(g)}
+        return written, {a4.name, out.name, e.name, m.name}
+
+    for readers in (2, 6):
+        written, expected = build(readers)
+        assert written == expected, (readers, written)

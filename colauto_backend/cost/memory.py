@@ -345,7 +345,10 @@ class _Sim:
         """The buffer of a pointwise kernel Inductor writes: an input's, where that input dies in this
         kernel, is no one else's (a view of it, a graph input the caller holds) and has its size (the
         scheduler's in-place reuse, `in_out_ptr`); else a new one."""
-        (nbytes,) = _node_storage(n)[1]
+        made = _node_storage(n)[1]
+        if len(made) != 1:       # no tensor value recorded for it: new storages, as any other op
+            return [self.new(b) for b in made]
+        (nbytes,) = made
         size = self._measure(nbytes)
         for a in n.all_input_nodes:
             sids = stor.get(a, [])
