@@ -222,7 +222,6 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
     from colauto_backend.cost.shapes import storage_nbytes, tensors_in
     from examples.hf_zoo import build_hf
     monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)   # lower every graph: no cache hit
     model, make = build_hf("qwen2")
     kw = make(4, 64)
     torch._dynamo.reset()
@@ -250,7 +249,8 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
     monkeypatch.setattr(inductor_graph.GraphLowering, "codegen", codegen)
     monkeypatch.setattr(compat, "run_with_inductor", run)
     compiled = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=int(0.9 * unplanned)))
-    compiled(**kw).loss.backward()
+    with torch._inductor.config.patch(fx_graph_cache=False):    # lower every graph: no cache hit
+        compiled(**kw).loss.backward()
     assert ANALYSES[-1].plan.recomputed
     assert len(modeled) == len(realized) == 2          # forward, backward
     for (written, memory_bound, size), inductor in zip(modeled, realized):
