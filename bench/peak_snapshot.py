@@ -54,11 +54,14 @@ def main(argv=None) -> int:
     simulated = []
     real_simulate = memory.simulate_step
 
+    def live_set(fw, bw, kw, hints):
+        return memory.live_at_peak(fw, bw, param_indices=kw["param_indices"], num_fwd_outputs=kw["num_fwd_outputs"],
+                                   device=kw["device"], optimizer=kw["optimizer"], hints=hints, fused=kw["fused"])
+
     def recording(fw, bw, **kw):
         live = None
         try:
-            live = memory.live_at_peak(fw, bw, param_indices=kw["param_indices"], num_fwd_outputs=kw["num_fwd_outputs"],
-                                       device=kw["device"], optimizer=kw["optimizer"], hints={}, fused=kw["fused"])
+            live = live_set(fw, bw, kw, {})
         except Exception as e:  # symbolic sizes (TypeError): simulated after the step, at the analysis' hints
             print(f"peak_snapshot: the live set is simulated after the step ({type(e).__name__}: {e})"[:200])
         simulated.append((fw, bw, kw, live))
@@ -114,9 +117,7 @@ def main(argv=None) -> int:
     if simulated and ANALYSES:
         fw, bw, kw, live_then = simulated[-1]            # the partition of the plan compiled last
         analysis = ANALYSES[-1]
-        peak_b, where, live = live_then or memory.live_at_peak(
-            fw, bw, param_indices=kw["param_indices"], num_fwd_outputs=kw["num_fwd_outputs"], device=kw["device"],
-            optimizer=kw["optimizer"], hints=analysis.hints, fused=kw["fused"])
+        peak_b, where, live = live_then or live_set(fw, bw, kw, analysis.hints)
         rows = [f"predicted peak {peak_b / GiB:.3f} GiB at {where} (the analysis: "
                 f"{analysis.evaluate(analysis.hints)['peak_memory_bytes'] / GiB:.3f} GiB); "
                 f"{len(ANALYSES)} graphs analysed, this is the last", ""]

@@ -291,9 +291,7 @@ class _Sim:
                 self._release(stor[n])
         held = set(inputs) if inputs_held else set()
         for n in nodes:
-            stor[n] = self._outputs(n, stor)
-            if self.fused and not stor[n] and n not in self.virtual and _inlinable(n):
-                stor[n] = self._in_place(n, stor, last_use, held)
+            stor[n] = self._outputs(n, stor, last_use, held)
             self.record_node(tag, n)
             if n not in last_use:            # computed but unused: freed at once
                 self._release(stor[n])
@@ -319,7 +317,7 @@ class _Sim:
         for s in sids:
             self.unref(s)
 
-    def _outputs(self, n: fx.Node, stor: dict[fx.Node, list[int]]) -> list[int]:
+    def _outputs(self, n: fx.Node, stor: dict[fx.Node, list[int]], last_use: dict, held: set) -> list[int]:
         if n.target is operator.getitem:
             parent, idx = n.args[0], n.args[1]
             sids = stor[parent]
@@ -337,18 +335,15 @@ class _Sim:
             return sids
         if n in self.virtual:   # fused into its consumers: a zero-byte placeholder keeps refcounts uniform
             return [self.new(sym(0)) for _ in nbytes]
-        if self.fused and _inlinable(n):
-            return []           # a pointwise kernel's buffer: `_in_place` decides where it is written
+        if self.fused and len(nbytes) == 1 and _inlinable(n):   # a pointwise kernel Inductor writes
+            return self._in_place(n, nbytes[0], stor, last_use, held)
         return [self.new(b) for b in nbytes]
 
-    def _in_place(self, n: fx.Node, stor: dict[fx.Node, list[int]], last_use: dict, held: set) -> list[int]:
-        """The buffer of a pointwise kernel Inductor writes: an input's, where that input dies in this
-        kernel, is no one else's (a view of it, a graph input the caller holds) and has its size (the
-        scheduler's in-place reuse, `in_out_ptr`); else a new one."""
-        made = _node_storage(n)[1]
-        if len(made) != 1:       # no tensor value recorded for it: new storages, as any other op
-            return [self.new(b) for b in made]
-        (nbytes,) = made
+    def _in_place(self, n: fx.Node, nbytes: Expr, stor: dict[fx.Node, list[int]], last_use: dict,
+                  held: set) -> list[int]:
+        """The buffer (of `nbytes`) of a pointwise kernel Inductor writes: an input's, where that input
+        dies in this kernel, is no one else's (a view of it, a graph input the caller holds) and has its
+        size (the scheduler's in-place reuse, `in_out_ptr`); else a new one."""
         size = self._measure(nbytes)
         for a in n.all_input_nodes:
             sids = stor.get(a, [])
