@@ -192,7 +192,8 @@ def test_solve_48_layers_on_2x4_under_two_seconds():
     idx = torch.zeros(8, 1024, dtype=torch.long)
     plan = colauto_backend.explain(model, idx, idx.clone(), mesh="2x4", device="h100")
     assert len(plan.predicted["candidates"]) == 6
-    assert plan.predicted["solve_s"] < 2.0, plan.predicted["solve_s"]
+    # CPU seconds: wall time doubles when pytest -n runs another test on the second core (CI saw 4.2 s)
+    assert plan.predicted["solve_cpu_s"] < 2.0, plan.predicted
 
 
 def test_layer_dp_equals_brute_force():
