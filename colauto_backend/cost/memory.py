@@ -321,7 +321,9 @@ class _Sim:
         if n.target is operator.getitem:
             parent, idx = n.args[0], n.args[1]
             sids = stor[parent]
-            sid = _nth_tensor_storage(parent, idx, sids)
+            # views of one input (split, unbind, chunk): every one holds that input's storage
+            views = parent.op == "call_function" and _node_storage(parent)[0]
+            sid = (sids[0] if sids else None) if views else _nth_tensor_storage(parent, idx, sids)
             if sid is None:
                 return []
             self.ref(sid)
@@ -499,12 +501,14 @@ def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_f
                         seen.add(s)
                         saved.append((node.name, s))
         # tangents: made by autograd and held by it until the backward returns (the node's arguments); none
-        # for the outputs beside the loss that colauto compiles without a gradient (output_grads.UNUSED)
+        # for the outputs beside the loss that colauto compiles without a gradient (output_grads.UNUSED):
+        # their readers read zeros made at the backward's start (`output_grads.specialize`), which
+        # Inductor folds into them and the aten graph allocates (freed after its last reader)
         tangents = []
         for n in split.bw_inputs:
             if n.name not in saved_env and isinstance(n.meta.get("val"), torch.Tensor):
                 if n.meta.get(UNUSED_GRAD):
-                    saved_env[n.name] = []
+                    saved_env[n.name] = [] if sim.fused else [sim.new(_placeholder_bytes(n))]
                     continue
                 tangents.append(sim.new(_placeholder_bytes(n)))
                 sim.ref(tangents[-1])

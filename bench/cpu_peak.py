@@ -1,0 +1,121 @@
+"""The memory model's predicted peak against the measured peak of a compiled training step, on CPU.
+
+    python -m bench.cpu_peak --models qwen2,t5 --codegens aten,inductor --fractions 0.6 --out DIR
+
+HF models from their tiny configs (examples/hf_zoo.py), fp32, batch 8 x 256 tokens (images 8 x 32 x 32),
+so that activations, not parameters, make the peak. Each (model, codegen) is compiled with no budget,
+then at each fraction f of the way from the parameters, gradients and AdamW state to that peak
+(COLAUTO_MEMORY_BUDGET = held + f * (peak - held)). The measured peak is the step's third call
+(steady state: AdamW's moments exist), replayed from the CPU allocator's own events (torch.profiler
+with profile_memory: every allocation and free with its time, Inductor's wrapper allocations
+included), plus what is allocated before the step (parameters, buffers, batch, AdamW state). The
+step holds the model's outputs (the logits) until after the optimizer step, as the memory model
+assumes. The predicted peak is the largest of the compiled graphs' (`peak_memory_bytes` of each
+planned graph's analysis). Writes peaks.json to DIR and prints one line per point; exit status 0
+whatever the error (this measures, it does not judge).
+
+CPU only: GPU peaks come from bench.run (torch.cuda.max_memory_allocated) on a GPU host.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+# codegen triton runs its kernels in Triton's interpreter here (CPU tensors); set before triton is imported
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+
+def measured_step(model, batch: dict, options: dict) -> tuple[int, list]:
+    """(measured peak bytes of the third step, the planned analyses of its compile)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    from colauto_backend import backend as backend_mod
+    torch._dynamo.reset()
+    backend_mod.ANALYSES.clear()
+    compiled = torch.compile(model, backend="colauto", options=options)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+
+    def step():
+        out = compiled(**batch)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del out
+    step()
+    step()
+    held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers(), *batch.values()]
+               + [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    live = peak = 0
+    for _, delta in sorted(events):
+        live += delta
+        peak = max(peak, live)
+    return held + peak, [a for a in backend_mod.ANALYSES if a.planner is not None]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="qwen2,llama,gpt2,t5,bert", help="examples/hf_zoo.py names")
+    ap.add_argument("--codegens", default="aten,inductor")
+    ap.add_argument("--fractions", default="0.6", help="budgets, as fractions (comma-separated; empty: none)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    os.environ["COLAUTO_PLAN_CACHE"] = "0"         # every point plans
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from examples.hf_zoo import SPECS, build_hf
+    torch.set_num_threads(1)   # Inductor's CPU scatter-add is exact only on one thread (tests/test_hf_models.py)
+    fractions = [float(f) for f in args.fractions.split(",") if f]
+    rows = []
+    for name in args.models.split(","):
+        for codegen in args.codegens.split(","):
+            torch.manual_seed(0)
+            model, make = build_hf(name)
+            batch = make(8, 32) if SPECS[name].kind == "image" else make(8, 256)
+            base = None
+            for fraction in [None, *fractions]:
+                row = {"model": name, "codegen": codegen, "fraction": fraction}
+                options = {"codegen": codegen}
+                if fraction is not None:
+                    if base is None:
+                        break
+                    options["memory_budget"] = row["budget_bytes"] = int(base[1] + fraction * (base[0] - base[1]))
+                try:
+                    measured, planned = measured_step(model, batch, options)
+                except Exception as exc:  # noqa: BLE001 - recorded as the point's result
+                    row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                    print(f"{name:10s} {codegen:9s} {fraction or 'none':>5} {row['error']}", flush=True)
+                    rows.append(row)
+                    continue
+                evs = [a.evaluate(a.hints) for a in planned]
+                predicted = max(ev["peak_memory_bytes"] for ev in evs)
+                if fraction is None:
+                    ev = evs[0]
+                    base = (predicted, ev["param_bytes"] + ev["grad_bytes"] + ev["optimizer_state_bytes"])
+                row |= {"measured_bytes": measured, "predicted_bytes": predicted, "graphs": len(evs),
+                        "error_pct": 100 * (predicted / measured - 1),
+                        "over_budget": fraction is not None and measured > row["budget_bytes"]}
+                rows.append(row)
+                print(f"{name:10s} {codegen:9s} {fraction or 'none':>5} measured {measured / 2**20:8.2f} MiB  "
+                      f"predicted {predicted / 2**20:8.2f} MiB  ({row['error_pct']:+.1f}%)"
+                      + ("  MEASURED ABOVE THE BUDGET" if row["over_budget"] else ""), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peaks.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
