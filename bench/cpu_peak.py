@@ -66,6 +66,35 @@ def measured_step(model, batch: dict, options: dict) -> tuple[int, list]:
     return held + peak, [a for a in backend_mod.ANALYSES if a.planner is not None]
 
 
+def points(name: str, codegen: str, fractions: list[float]) -> list[dict]:
+    """One row per point: no budget, then each fraction of the way from the held state to its peak."""
+    from examples.hf_zoo import SPECS, build_hf
+    torch.manual_seed(0)
+    model, make = build_hf(name)
+    batch = make(8, 32) if SPECS[name].kind == "image" else make(8, 256)
+    rows, base = [], None
+    for fraction in [None, *fractions]:
+        row = {"model": name, "codegen": codegen, "fraction": fraction}
+        options = {"codegen": codegen}
+        if fraction is not None:
+            if base is None:
+                break
+            options["memory_budget"] = row["budget_bytes"] = int(base[1] + fraction * (base[0] - base[1]))
+        try:
+            measured, planned = measured_step(model, batch, options)
+        except Exception as exc:  # noqa: BLE001 - recorded as the point's result
+            rows.append(row | {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]})
+            continue
+        evs = [a.evaluate(a.hints) for a in planned]
+        predicted = max(ev["peak_memory_bytes"] for ev in evs)
+        if fraction is None:
+            base = (predicted, evs[0]["param_bytes"] + evs[0]["grad_bytes"] + evs[0]["optimizer_state_bytes"])
+        rows.append(row | {"measured_bytes": measured, "predicted_bytes": predicted, "graphs": len(evs),
+                           "error_pct": 100 * (predicted / measured - 1),
+                           "over_budget": fraction is not None and measured > row["budget_bytes"]})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="qwen2,llama,gpt2,t5,bert", help="examples/hf_zoo.py names")
@@ -75,41 +104,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ["COLAUTO_PLAN_CACHE"] = "0"         # every point plans
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from examples.hf_zoo import SPECS, build_hf
     torch.set_num_threads(1)   # Inductor's CPU scatter-add is exact only on one thread (tests/test_hf_models.py)
     fractions = [float(f) for f in args.fractions.split(",") if f]
     rows = []
     for name in args.models.split(","):
         for codegen in args.codegens.split(","):
-            torch.manual_seed(0)
-            model, make = build_hf(name)
-            batch = make(8, 32) if SPECS[name].kind == "image" else make(8, 256)
-            base = None
-            for fraction in [None, *fractions]:
-                row = {"model": name, "codegen": codegen, "fraction": fraction}
-                options = {"codegen": codegen}
-                if fraction is not None:
-                    if base is None:
-                        break
-                    options["memory_budget"] = row["budget_bytes"] = int(base[1] + fraction * (base[0] - base[1]))
-                try:
-                    measured, planned = measured_step(model, batch, options)
-                except Exception as exc:  # noqa: BLE001 - recorded as the point's result
-                    row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                    print(f"{name:10s} {codegen:9s} {fraction or 'none':>5} {row['error']}", flush=True)
-                    rows.append(row)
-                    continue
-                evs = [a.evaluate(a.hints) for a in planned]
-                predicted = max(ev["peak_memory_bytes"] for ev in evs)
-                if fraction is None:
-                    ev = evs[0]
-                    base = (predicted, ev["param_bytes"] + ev["grad_bytes"] + ev["optimizer_state_bytes"])
-                row |= {"measured_bytes": measured, "predicted_bytes": predicted, "graphs": len(evs),
-                        "error_pct": 100 * (predicted / measured - 1),
-                        "over_budget": fraction is not None and measured > row["budget_bytes"]}
+            for row in points(name, codegen, fractions):
                 rows.append(row)
-                print(f"{name:10s} {codegen:9s} {fraction or 'none':>5} measured {measured / 2**20:8.2f} MiB  "
-                      f"predicted {predicted / 2**20:8.2f} MiB  ({row['error_pct']:+.1f}%)"
+                where = f"{name:10s} {codegen:9s} {row['fraction'] or 'none':>5}"
+                if "error" in row:
+                    print(where, row["error"], flush=True)
+                    continue
+                print(f"{where} measured {row['measured_bytes'] / 2**20:8.2f} MiB  predicted "
+                      f"{row['predicted_bytes'] / 2**20:8.2f} MiB  ({row['error_pct']:+.1f}%)"
                       + ("  MEASURED ABOVE THE BUDGET" if row["over_budget"] else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
