@@ -257,11 +257,16 @@ class Planner:
             self._ratios.append(ev["peak_memory_bytes"] / self._peak(probe))
             misses += ev["peak_memory_bytes"] > limit
         if fastest_fit() is None:    # near the least feasible budget the model's error decides: try the
-            for keep in sorted(order, key=self._peak)[:MAX_PROBES]:
-                if keep not in self._simulated:      # candidates of least modeled peak for real
-                    misses += self.partitioned(keep)[0]["peak_memory_bytes"] > limit
-                    if fastest_fit() is not None:
-                        break
+            for keep in sorted(order, key=self._peak)[:MAX_PROBES]:   # least modeled peaks for real,
+                if keep in self._simulated:                           # while the model's smallest
+                    continue                                          # real/modeled ratio seen lets one fit
+                if self._ratios and self._peak(keep) * min(self._ratios) > limit:
+                    break
+                ev = self.partitioned(keep)[0]
+                self._ratios.append(ev["peak_memory_bytes"] / self._peak(keep))
+                misses += ev["peak_memory_bytes"] > limit
+                if fastest_fit() is not None:
+                    break
         return fastest_fit(), misses
 
     def _search(self, ordered: list[tuple], limit: float) -> tuple[tuple, dict, tuple, Analysis] | None:

@@ -111,10 +111,13 @@ def test_few_partitions_and_plans_as_fast_as_partitioning_every_candidate(name, 
         assert got.step_time_with_s <= ref.step_time_with_s * 1.03, (budget, got.step_time_with_s, ref.step_time_with_s)
         return got
     first = check(int(lo + 0.9 * (hi - lo)))
-    # the chosen plan's own partition (one more where the model's first choice does not fit): 1 on these
-    # three on torch 2.13. Later budgets reuse its partitions. While the compute-only candidates were
-    # searched beside a fitting modeled choice, the 8192-token Qwen2 ran 4 (6 on torch 2.11)
-    assert first.partitions_run <= 2, first.partitions_run
+    # the chosen plan's own partition (one more where the model's first choice does not fit): 1 on the
+    # first two on torch 2.13. Later budgets reuse its partitions. The 8192-token Qwen2's budget is within
+    # 1.2% of the unplanned peak, and since a value fused into several kernels holds its inputs until
+    # the last of them (`_Sim._reads_end`) no modeled candidate fits there: one of least modeled peak is
+    # tried, then the compute-only candidates are searched (6 partitions; 11 before the least-peak
+    # probes stopped at the model's smallest real/modeled ratio)
+    assert first.partitions_run <= (6 if vocab else 2), first.partitions_run
     for f in (0.6, 0.3):
         check(int(lo + f * (hi - lo)))
     with pytest.raises(BudgetError) as err_fast:

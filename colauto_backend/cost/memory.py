@@ -278,9 +278,12 @@ class _Sim:
         `outputs` are returned, each storage referenced once more."""
         end = object()                       # the graph's return: the last use of what it returns
         last_use: dict[fx.Node, object] = {}
+        reads_end, pos = self._reads_end(nodes), {n: i for i, n in enumerate(nodes)}
         for n in nodes:
+            e = reads_end[n]
             for a in n.all_input_nodes:
-                last_use[a] = n
+                if a not in last_use or pos[e] > pos[last_use[a]]:
+                    last_use[a] = e
         for a in outputs:
             if isinstance(a, fx.Node):
                 last_use[a] = end
@@ -290,13 +293,17 @@ class _Sim:
             if not inputs_held and n not in last_use:
                 self._release(stor[n])
         held = set(inputs) if inputs_held else set()
+        released: dict[fx.Node, list[fx.Node]] = {}
+        for a, n in last_use.items():
+            if n is not end:
+                released.setdefault(n, []).append(a)
         for n in nodes:
             stor[n] = self._outputs(n, stor, last_use, held)
             self.record_node(tag, n)
             if n not in last_use:            # computed but unused: freed at once
                 self._release(stor[n])
-            for a in n.all_input_nodes:
-                if last_use.get(a) is n and a not in held:
+            for a in released.get(n, ()):
+                if a not in held:
                     self._release(stor[a])
         results = []
         for a in outputs:
@@ -309,6 +316,26 @@ class _Sim:
             if last_use.get(a) is end and a not in held:
                 self._release(stor[a])
         return results
+
+    def _reads_end(self, nodes: list[fx.Node]) -> dict[fx.Node, fx.Node]:
+        """Where each node's reads of its inputs end: at the node itself, except for a value fused into
+        its readers (`virtual`) and a view of one, which Inductor computes inside every reader's loop, so
+        what it reads is read until the last of those kernels runs (HF T5's attention-probability gradient
+        was freed at the inlined product that reads it, before the kernel that runs that product
+        allocated its output: 8 MB under at the peak, CPU)."""
+        ends = {n: n for n in nodes}
+        if not self.virtual:
+            return ends
+        pos = {n: i for i, n in enumerate(nodes)}
+        inlined = set()
+        for n in nodes:
+            if n in self.virtual or (_node_storage(n)[0] and n.all_input_nodes and n.all_input_nodes[0] in inlined):
+                inlined.add(n)
+        for n in reversed(nodes):
+            if n in inlined:
+                later = [ends[u] for u in n.users if u in pos]
+                ends[n] = max(later, key=pos.__getitem__, default=n)
+        return ends
 
     def record_node(self, tag: str, n: fx.Node) -> None:
         self.record(f"{tag}:{n.name}")
