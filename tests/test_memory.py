@@ -139,18 +139,26 @@ def test_a_value_read_twice_is_written_once_it_reads_more_than_four_buffers():
 
 
 @pytest.mark.parametrize("name, codegen, fraction", [("gpt_neox", "aten", None), ("qwen2", "aten", 0.6),
-                                                     ("qwen2", "triton", None)])
+                                                     ("qwen2", "triton", None), ("t5", "inductor", None),
+                                                     ("gpt2", "inductor", None)])
 def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction):
     """The predicted peak of a compiled HF training step against the CPU allocator's (every allocation and
     free of the step, replayed: `bench.cpu_peak`), fp32, batch 8 x 256 on tiny configs so activations
     make the peak; with a budget (0.6 of the way from the held state to the unplanned peak) the plan
-    recomputes and the measured peak stays under the budget. Found by it: views of a split past the first
-    held no storage, so GPT-NeoX's fused qkv output was freed while its views were saved (-16.5%); the
-    logits' unused gradient is zeros that aten and the triton path's aten ops allocate (Qwen2 -5.8%)."""
+    recomputes and the measured peak stays under the budget. aten and triton (its rest op by op here) to
+    0.5%, Inductor's code generation to 5% (issue 16's goal; on CPU, not yet on OPT -8.5% and ViT -6.7%,
+    nor under most budgets: bench/results/cpu-2026-11-29-peak). Found by it: views of a split past
+    the first held no storage, so GPT-NeoX's fused qkv output was freed while its views were saved
+    (-16.5%); the logits' unused gradient is zeros that aten and the triton path's aten ops allocate
+    (Qwen2 -5.8%); what a fused-away value reads was freed at the value, not at the last kernel that
+    computes it (T5 -13.7%: its attention-probability gradient); a kernel writes in place into a value
+    that dies in it also when it reads that value through fused-away ones (GPT-2 +9.5% once the
+    previous rule held its GELU gradient's inputs), but not into one a reduction it fuses also reads."""
     from bench import cpu_peak
     rows = cpu_peak.points(name, codegen, [] if fraction is None else [fraction])
     for row in rows:
         assert "error" not in row, row
-        assert row["predicted_bytes"] == pytest.approx(row["measured_bytes"], rel=5e-3), row
+        tolerance = 0.05 if codegen == "inductor" else 5e-3
+        assert row["predicted_bytes"] == pytest.approx(row["measured_bytes"], rel=tolerance), row
         assert not row["over_budget"], row
     assert len(rows) == (1 if fraction is None else 2)

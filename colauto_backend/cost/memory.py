@@ -212,6 +212,7 @@ class _Sim:
         self.size: list[tuple] = []           # storage id -> sparse size
         self.refs: list[int] = []             # storage id -> live references
         self.state = np.zeros(0)
+        self._released: dict[fx.Node, list[fx.Node]] = {}   # run_nodes: node -> the values that die in it
         self.rows: list[np.ndarray] = []
         self.labels: list[str] = []
 
@@ -297,6 +298,7 @@ class _Sim:
         for a, n in last_use.items():
             if n is not end:
                 released.setdefault(n, []).append(a)
+        self._released = released
         for n in nodes:
             stor[n] = self._outputs(n, stor, last_use, held)
             self.record_node(tag, n)
@@ -370,17 +372,38 @@ class _Sim:
 
     def _in_place(self, n: fx.Node, nbytes: Expr, stor: dict[fx.Node, list[int]], last_use: dict,
                   held: set) -> list[int]:
-        """The buffer (of `nbytes`) of a pointwise kernel Inductor writes: an input's, where that input
-        dies in this kernel, is no one else's (a view of it, a graph input the caller holds) and has its
-        size (the scheduler's in-place reuse, `in_out_ptr`); else a new one."""
+        """The buffer (of `nbytes`) of a pointwise kernel Inductor writes: that of a value it reads (itself
+        or through values fused into it) which dies in this kernel, is no one else's (a view of it, a graph
+        input the caller holds) and has its size (the scheduler's in-place reuse, `in_out_ptr`); not one
+        that a reduction this kernel reads also reads, since Inductor fuses the two and reads it at two
+        indices (`single_index_in_fused_node`: HF T5's softmax backward); else a new one."""
         size = self._measure(nbytes)
-        for a in n.all_input_nodes:
+        dying = [a for a in self._released.get(n, ()) if a not in held]
+        blocked = self._read_by_fused_reductions(n) if dying else set()
+        for a in dying:
             sids = stor.get(a, [])
-            if (last_use.get(a) is n and a not in held and len(sids) == 1 and self.refs[sids[0]] == 1
-                    and self.size[sids[0]] == size):
+            if (len(sids) == 1 and self.refs[sids[0]] == 1 and self.size[sids[0]] == size
+                    and a not in blocked):
                 self.ref(sids[0])
                 return [sids[0]]
         return [self.new(nbytes)]
+
+    def _read_by_fused_reductions(self, n: fx.Node) -> set[fx.Node]:
+        """What the reductions (memory-bound ops Inductor does not inline) `n` reads read, through the
+        values fused into them and views of those."""
+        cpu, found = self.device.name == "cpu", set()
+        for r in n.all_input_nodes:
+            if r in self.virtual or r.op != "call_function" or _kind(r) != "memory" or _inlinable(r, cpu):
+                continue
+            todo = list(r.all_input_nodes)
+            while todo:
+                x = todo.pop()
+                if x in found:
+                    continue
+                found.add(x)
+                if x in self.virtual or (x.op == "call_function" and _node_storage(x)[0]):
+                    todo.extend(x.all_input_nodes)
+        return found
 
 
 _STORAGE: "weakref.WeakKeyDictionary[fx.Node, tuple[bool, list[Expr]]]" = weakref.WeakKeyDictionary()
