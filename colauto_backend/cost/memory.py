@@ -279,7 +279,8 @@ class _Sim:
         `outputs` are returned, each storage referenced once more."""
         end = object()                       # the graph's return: the last use of what it returns
         last_use: dict[fx.Node, object] = {}
-        reads_end, pos = self._reads_end(nodes), {n: i for i, n in enumerate(nodes)}
+        pos = {n: i for i, n in enumerate(nodes)}
+        reads_end = self._reads_end(nodes, pos)
         for n in nodes:
             e = reads_end[n]
             for a in n.all_input_nodes:
@@ -300,7 +301,7 @@ class _Sim:
                 released.setdefault(n, []).append(a)
         self._released = released
         for n in nodes:
-            stor[n] = self._outputs(n, stor, last_use, held)
+            stor[n] = self._outputs(n, stor, held)
             self.record_node(tag, n)
             if n not in last_use:            # computed but unused: freed at once
                 self._release(stor[n])
@@ -319,7 +320,7 @@ class _Sim:
                 self._release(stor[a])
         return results
 
-    def _reads_end(self, nodes: list[fx.Node]) -> dict[fx.Node, fx.Node]:
+    def _reads_end(self, nodes: list[fx.Node], pos: dict[fx.Node, int]) -> dict[fx.Node, fx.Node]:
         """Where each node's reads of its inputs end: at the node itself, except for a value fused into
         its readers (`virtual`) and a view of one, which Inductor computes inside every reader's loop, so
         what it reads is read until the last of those kernels runs (HF T5's attention-probability gradient
@@ -328,7 +329,6 @@ class _Sim:
         ends = {n: n for n in nodes}
         if not self.virtual:
             return ends
-        pos = {n: i for i, n in enumerate(nodes)}
         inlined = set()
         for n in nodes:
             if n in self.virtual or (_node_storage(n)[0] and n.all_input_nodes and n.all_input_nodes[0] in inlined):
@@ -346,7 +346,7 @@ class _Sim:
         for s in sids:
             self.unref(s)
 
-    def _outputs(self, n: fx.Node, stor: dict[fx.Node, list[int]], last_use: dict, held: set) -> list[int]:
+    def _outputs(self, n: fx.Node, stor: dict[fx.Node, list[int]], held: set) -> list[int]:
         if n.target is operator.getitem:
             parent, idx = n.args[0], n.args[1]
             sids = stor[parent]
@@ -367,11 +367,10 @@ class _Sim:
         if n in self.virtual:   # fused into its consumers: a zero-byte placeholder keeps refcounts uniform
             return [self.new(sym(0)) for _ in nbytes]
         if self.fused and len(nbytes) == 1 and _inlinable(n):   # a pointwise kernel Inductor writes
-            return self._in_place(n, nbytes[0], stor, last_use, held)
+            return self._in_place(n, nbytes[0], stor, held)
         return [self.new(b) for b in nbytes]
 
-    def _in_place(self, n: fx.Node, nbytes: Expr, stor: dict[fx.Node, list[int]], last_use: dict,
-                  held: set) -> list[int]:
+    def _in_place(self, n: fx.Node, nbytes: Expr, stor: dict[fx.Node, list[int]], held: set) -> list[int]:
         """The buffer (of `nbytes`) of a pointwise kernel Inductor writes: that of a value it reads (itself
         or through values fused into it) which dies in this kernel, is no one else's (a view of it, a graph
         input the caller holds) and has its size (the scheduler's in-place reuse, `in_out_ptr`); not one
