@@ -176,11 +176,11 @@ def analyze(joint: fx.GraphModule, fw: fx.GraphModule | None, bw: fx.GraphModule
             num_fwd_outputs: int, param_indices: Sequence[int], device: DeviceSpec, optimizer: str,
             sources: dict, hints: dict, fused: bool = False) -> Analysis:
     """Build the symbolic cost model (timed: this is `timings['cost_s']`, and `['cost_cpu_s']` in CPU seconds)."""
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start, cpu_start = time.perf_counter(), time.thread_time()
     basis = Basis()
     costs = table.build(joint.graph, basis)
     timeline = memory.simulate_step(fw if fw is not None else joint, bw, param_indices=param_indices,
                                     num_fwd_outputs=num_fwd_outputs, basis=basis, device=device,
                                     optimizer=optimizer if bw is not None else "none", fused=fused)
     return Analysis(costs, timeline, basis, device, optimizer, sources, hints, time.perf_counter() - start,
-                    joint=joint, fused=fused, cost_cpu_s=time.process_time() - cpu_start)
+                    joint=joint, fused=fused, cost_cpu_s=time.thread_time() - cpu_start)

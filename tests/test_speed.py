@@ -43,16 +43,16 @@ def measure_48_layers():
     assert prof.timings["cost_cpu_s"] < 1.0, prof.timings   # CPU seconds: unaffected by tests sharing the cores
     # The rematerialization solve on the same joint graph (problem construction + DP): under 1 s.
     analysis = ANALYSES[-1]
-    start = time.process_time()      # CPU seconds: unaffected by tests sharing the cores (pytest -n)
+    start = time.thread_time()      # this thread's CPU seconds: not tests sharing the cores (pytest -n) nor stray threads
     times = graph.node_times(analysis.costs, analysis.evaluate(analysis.hints)["_node_times"])
     problem, nodes, _ = graph.remat_problem(analysis.joint.graph, times, analysis.hints)
     frontier = solve(problem)
-    assert time.process_time() - start < 1.0
+    assert time.thread_time() - start < 1.0
     assert len(nodes) > 48 * 30 and len(frontier.memory) > 10
     big = torch.empty(16, 1024, dtype=torch.long)
-    start = time.process_time()
+    start = time.thread_time()
     at = prof.at(big, big)
-    assert time.process_time() - start < 0.010
+    assert time.thread_time() - start < 0.010
     # FLOPs per token = 6N + 12 L d T (the anchors' formula), N without the position table (a lookup);
     # the token table is counted once, as the tied head's matmul. Biases and norms make the 1% slack.
     expected = (6 * (n - 1024 * 1600) + 12 * 48 * 1600 * 1024) * 16 * 1024
@@ -85,14 +85,14 @@ def test_explain_twenty_budgets_of_gpt2_355m_in_seconds():
     held = unplanned.peak_without_bytes - unplanned.saved_without_bytes
     budgets = [int(held + f * (unplanned.peak_without_bytes - held)) for f in
                [1 - 0.04 * i for i in range(1, 21)]]
-    start = time.process_time()
+    start = time.thread_time()
     plans = []
     for budget in budgets:
         try:
             plans.append((budget, colauto_backend.explain(model, idx, idx.clone(), budget=budget, device="h100")))
         except colauto_backend.BudgetError:
             plans.append((budget, None))
-    assert time.process_time() - start < 10.0
+    assert time.thread_time() - start < 10.0
     fitted = [(b, p) for b, p in plans if p is not None]
     assert len(fitted) >= 10 and all(p.peak_with_bytes <= b and p.partitions_run == 0 for b, p in fitted)
     assert all(p.modeled_plans > 12 for _, p in fitted)

@@ -350,7 +350,7 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
     """The joint choice, its prediction and every candidate's in `plan.predicted`. `tp_layout(size)`
     is the graph's tensor-parallel layout for a tp axis of that size; `names`, the graph's input
     position -> parameter name."""
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start, cpu_start = time.perf_counter(), time.thread_time()
     single = Single.of(analysis, names)
     layouts = {n: tp_layout(n) for n in {dict(axes).get("tp", 1) for axes in candidates}}
     usable = [axes for axes in candidates if not layouts[dict(axes).get("tp", 1)].indivisible]
@@ -406,7 +406,7 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
                             fits=e.fits, replicated_layers=len(r), uniform=_brief(u))
                        for e, a, r, u in zip(estimates, effective, replicated, uniform_estimates)],
         "solve_s": time.perf_counter() - start,
-        "solve_cpu_s": time.process_time() - cpu_start,   # unaffected by other processes sharing the cores
+        "solve_cpu_s": time.thread_time() - cpu_start,   # this thread only: not other processes on the cores, nor threads earlier work left running
     }
     return dataclasses.replace(plans[joint], predicted=predicted)
 
