@@ -185,17 +185,6 @@ def test_plan_mismatch_across_ranks_fails_loudly(monkeypatch):
         entry.check_same_plan(plan)
 
 
-def test_solve_48_layers_on_2x4_under_two_seconds():
-    with torch.device("meta"):
-        model, _ = build("gpt2", "1.5b")
-    model = model.to_empty(device="cpu")
-    idx = torch.zeros(8, 1024, dtype=torch.long)
-    plan = colauto_backend.explain(model, idx, idx.clone(), mesh="2x4", device="h100")
-    assert len(plan.predicted["candidates"]) == 6
-    # CPU seconds: wall time doubles when pytest -n runs another test on the second core (CI saw 4.2 s)
-    assert plan.predicted["solve_cpu_s"] < 2.0, plan.predicted
-
-
 def test_layer_dp_equals_brute_force():
     """layers.solve against every assignment of options, placements switched at cuts, on integer
     costs where quantization is exact."""
