@@ -105,10 +105,10 @@ def test_monotone_over_twenty_budgets():
     model, make = build("gpt2")
     inputs = make(4, 64)
     budgets, _ = budgets_between(model, inputs, 19)
-    start = time.process_time()    # CPU seconds: unaffected by tests sharing the cores (pytest -n)
+    start = time.thread_time()     # this thread's CPU seconds: not tests sharing the cores (pytest -n) nor stray threads
     plans = [colauto_backend.explain(model, *inputs, budget=b) for b in budgets]
     plans.append(colauto_backend.explain(model, *inputs, budget="none"))
-    assert time.process_time() - start < 1.0
+    assert time.thread_time() - start < 1.0
     assert sum(p.partitions_run for p in plans) == 0
     peaks = [p.peak_with_bytes for p in plans]
     times = [p.recompute_time_s for p in plans]
