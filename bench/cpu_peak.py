@@ -101,7 +101,14 @@ def main(argv=None) -> int:
     ap.add_argument("--codegens", default="aten,inductor")
     ap.add_argument("--fractions", default="0.6", help="budgets, as fractions (comma-separated; empty: none)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--no-inductor-buffer-reuse", action="store_true",
+                    help="a diagnostic: torch._inductor.config.allow_buffer_reuse=False for every compile (Inductor "
+                         "then neither holds a freed buffer for a later same-size one nor reuses it at the next "
+                         "kernel); colauto itself leaves it on")
     args = ap.parse_args(argv)
+    if args.no_inductor_buffer_reuse:
+        import torch._inductor.config as inductor_config
+        inductor_config.allow_buffer_reuse = False
     os.environ["COLAUTO_PLAN_CACHE"] = "0"         # every point plans
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     torch.set_num_threads(1)   # Inductor's CPU scatter-add is exact only on one thread (tests/test_hf_models.py)
@@ -120,7 +127,8 @@ def main(argv=None) -> int:
                       + ("  MEASURED ABOVE THE BUDGET" if row["over_budget"] else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "peaks.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
+    (out / "peaks.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows,
+                                                "inductor_buffer_reuse": not args.no_inductor_buffer_reuse}, indent=1))
     return 0
 
 
