@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import operator
@@ -15,6 +16,7 @@ from torch._dynamo.backends.debugging import boxed_nop          # boxed call: fr
 from torch._dynamo.exc import BackendCompilerFailed, ShortenTraceback
 from torch._functorch.partitioners import default_partition    # noqa: F401  (re-exported)
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.experimental import _config as fx_config
 
 from . import counters
@@ -278,9 +280,92 @@ def _mark_user_visible_outputs(gm: torch.fx.GraphModule, *, is_backward: bool, i
         i for i in visible if isinstance(leaves[i], torch.fx.Node)]
 
 
+RECOMPUTE_KEPT_APART = counters.counter("horizontal fusions of a planned recomputation refused")
+
+
+@dataclasses.dataclass(frozen=True)
+class RematCodegen:
+    """A planned graph's recomputation, for Inductor to run as colauto's memory model has it:
+    `recomputed`, the backward's recomputed ops (empty for a forward); `needed_at`, each op's position
+    in the graph (`cost.memory.needed_at`: a recomputed op's is that of its first reader outside the
+    recomputation)."""
+    recomputed: frozenset[str]
+    needed_at: dict[str, int]
+
+
+@contextlib.contextmanager
+def _as_planned(remat: RematCodegen):
+    """Two of Inductor's memory heuristics raise the measured peak of a planned step above the one the
+    plan was chosen by (bench/results/cpu-2026-11-29-peak-noreuse, -keep: CPU allocator, 8 HF models);
+    under a plan both give way:
+
+    - Non-adjacent buffer reuse. Inductor holds a freed buffer for a later allocation of its size
+      whenever its own peak estimate (EfficientPeakEstimate) says the graph's peak does not rise; that
+      estimate is not the step's peak (HF Qwen2 at a 0.8 budget: 19.43 MiB measured, 17.51 without).
+      Reuse at the very next kernel stays (it never raises a peak).
+    - Horizontal fusion of a recomputation. Inductor fuses two kernels that only share an input when
+      they sit within 64 nodes. That can fuse a recomputation into work that runs long before its
+      result is used. On HF T5 at a 0.8 budget, one layer's recomputed softmax was fused into the kernel
+      that recomputes another layer's (both read the relative-position-bias inputs). That pulled its
+      8 MiB attention scores about 250 wrapper lines ahead of their use: 17.7% over the prediction.
+      Inductor's own comment on its distance rule names the case ("recomputed nodes from different
+      checkpointed regions get fused"). Here a kernel made only of recomputed ops fuses horizontally
+      only with a kernel needed at the same position (`needed_at`; of a kernel, its ops' latest: what
+      it inlines may be needed earlier by other readers). So each recomputation runs where the memory
+      model places it (`cost.memory.inductor_order`: just before its reader). Vertical fusion, into
+      its reader, is untouched. Refusals are counted.
+
+    The fusion rule goes through Inductor's documented heuristics hook (`V.set_choices_handler`); the
+    reuse rule replaces `AllocateLine.should_reuse_buffer` (torch 2.11-2.13) for the compile."""
+    from torch._inductor.codegen import wrapper
+    from torch._inductor.virtualized import V
+    base = type(V.choices)
+
+    def kernel(snode) -> tuple[bool, int | None]:
+        """(whether it is made only of recomputed ops, the latest position its ops are needed at)"""
+        names = {o.name for sub in snode.get_nodes() for o in getattr(sub.node, "origins", ()) if o.op == "call_function"}
+        return (bool(names) and names <= remat.recomputed,
+                max((remat.needed_at[n] for n in names if n in remat.needed_at), default=None))
+
+    class KeepRecomputationInPlace(base):
+        def can_fuse_horizontal(self, scheduler, node1, node2, shared_data_score):
+            (only_a, at_a), (only_b, at_b) = kernel(node1), kernel(node2)
+            if (only_a or only_b) and at_a != at_b:
+                RECOMPUTE_KEPT_APART["refused"] += 1
+                return False
+            return base.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)
+
+    def adjacent_only(self, free_line, size: int) -> bool:
+        return bool(getattr(self, "comm_buffer", False)) or free_line.scheduler_node_index + 1 == self.scheduler_node_index
+
+    # Inductor's FX graph cache keys on neither: a no-op post-grad pass whose uuid names them keys the
+    # compiled graph apart from one compiled without them (unless the user set a pass of their own)
+    import torch._inductor.config as inductor_config
+    key = {"post_grad_custom_post_pass": _RecomputationKeptInPlace()} \
+        if inductor_config.post_grad_custom_post_pass is None else {}
+    original = wrapper.AllocateLine.should_reuse_buffer
+    wrapper.AllocateLine.should_reuse_buffer = adjacent_only
+    try:
+        with V.set_choices_handler(KeepRecomputationInPlace()), inductor_config.patch(key):
+            yield
+    finally:
+        wrapper.AllocateLine.should_reuse_buffer = original
+
+
+class _RecomputationKeptInPlace(CustomGraphPass):
+    """Changes nothing in the graph; its uuid is part of Inductor's cache key (`_as_planned`)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return "colauto: a planned graph's recomputation kept in place, buffers reused only at the next kernel, v1"
+
+
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
                       is_inference: bool = False, num_user_outputs: int | None = None,
-                      own_buckets: bool = False, own_gathers: bool = False) -> Callable:
+                      own_buckets: bool = False, own_gathers: bool = False,
+                      remat: RematCodegen | None = None) -> Callable:
     """Hand an already-partitioned aten graph to Inductor's code generation (no re-partition).
     `num_user_outputs`: the Dynamo graph's outputs, whose strides Inductor keeps as eager's. A graph
     with collectives (a distributed plan) gets Inductor's collective bucketing and compute/communication
@@ -289,7 +374,8 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
     (`parallel.overlap`); Inductor's all-reduce and reduce-scatter bucketing, which merges waits that
     sit side by side into one collective issued there, stays off. `own_gathers`: the graph's parameter
     all-gathers were moved ahead of their uses (`parallel.overlap.prefetch_gathers`); Inductor's
-    all-gather bucketing, which would wait for a whole bucket at its first use, stays off."""
+    all-gather bucketing, which would wait for a whole bucket at its first use, stays off.
+    `remat`: the recomputation of a graph colauto planned (`_as_planned`); None: compiled as torch.compile would."""
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     _mark_user_visible_outputs(gm, is_backward=is_backward, is_inference=is_inference,
@@ -309,7 +395,8 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             passes.pop("bucket_all_reduces_fx", None)
             UNBUCKETED["torch 2.11's bucketing views convolution gradients"] += 1
     _register_fallbacks(gm)
-    with inductor_config.patch(passes), _inductor_context(gm, example_inputs):   # as compile_fx calls it
+    with inductor_config.patch(passes), _inductor_context(gm, example_inputs), \
+            (_as_planned(remat) if remat is not None else contextlib.nullcontext()):   # as compile_fx calls it
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
 
 

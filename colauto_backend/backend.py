@@ -9,7 +9,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -107,6 +107,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         unused = output_grads.decide(gm, "output_grads=all" if config.output_grads == "all" else
                                      "cuda graphs" if config.cudagraphs else None)
         marked = False
+        recomputing: list[frozenset] = []   # what the chosen plan recomputes, once partitioned (empty: no plan)
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
@@ -175,6 +176,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                                     exact=config.codegen == "aten")
             chosen, graphs, analysis = remat.plan(budget)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
+            recomputing[:] = [analysis.recomputed] if analysis.recomputed else []
             publish(analysis)
             return graphs if graphs is not None else (fw, bw)
 
@@ -186,7 +188,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
-        codegen = _codegen(config, compat.num_outputs(gm), inductor_rest)
+        codegen = _codegen(config, compat.num_outputs(gm), inductor_rest, recomputing)
         compilers = [functools.partial(codegen, is_backward=False), functools.partial(codegen, is_backward=True),
                      inference]
         # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
@@ -246,14 +248,23 @@ def rest_by_inductor(inputs: list) -> bool:
             and bool(triton_kernels.available()))
 
 
-def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False) -> Callable:
+def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
+             recomputing: Sequence[frozenset] = ()) -> Callable:
     """The compiler for one Dynamo graph's forward, backward and inference graphs; `user_outputs`: how
     many outputs the Dynamo graph has (Inductor keeps their strides as eager's); `inductor_rest`: under
     codegen triton, Inductor compiles what the kernels leave (`rest_by_inductor`, decided once per
-    Dynamo graph, as the memory model was)."""
+    Dynamo graph, as the memory model was). `recomputing`: what the graph's remat plan recomputes (the
+    forward ops its backward runs again), empty where colauto planned nothing: Inductor then compiles as
+    for torch.compile; with a plan, Inductor runs the plan as the memory model has it
+    (`compat.run_with_inductor`'s `remat`)."""
     recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
 
     def run(gm, inputs, *, is_backward, is_inference=False):
+        remat = None
+        if recomputing and not is_inference:
+            recomputed = frozenset(n.name for n in gm.graph.nodes
+                                   if n.op == "call_function" and n.name in recomputing[0]) if is_backward else frozenset()
+            remat = compat.RematCodegen(recomputed, memory.needed_at(gm.graph, recomputed))
         if is_backward:   # marked tangents read as zeros, and take None (none marked: nothing changes)
             inputs = output_grads.specialize(gm, inputs)
         # whether the graph can be recorded, read once, before any code generation rewrites `gm`
@@ -278,7 +289,8 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False)
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
                                           num_user_outputs=user_outputs,
                                           own_buckets=scheduled is not None and scheduled.waits_moved > 0,
-                                          own_gathers=scheduled is not None and scheduled.gathers_prefetched > 0)
+                                          own_gathers=scheduled is not None and scheduled.gathers_prefetched > 0,
+                                          remat=remat)
         else:
             fn = compat.run_as_aten(gm, inputs)
         if recorder is None:

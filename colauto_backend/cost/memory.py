@@ -159,6 +159,21 @@ def inductor_order(graph: fx.Graph, recomputed: frozenset[str]) -> list[fx.Node]
     return inductor_order_of(list(graph.nodes), recomputed)
 
 
+def needed_at(graph: fx.Graph, recomputed: frozenset[str]) -> dict[str, int]:
+    """Each op's position in the graph; a recomputed op's is that of the first op outside the
+    recomputation that reads it, directly or through other recomputed ops (where `inductor_order` runs
+    it: just before that reader)."""
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    at: dict[fx.Node, int] = {}
+    for n in reversed(nodes):
+        if n.name in recomputed and n.op == "call_function":
+            at[n] = min((at.get(u, pos[u]) for u in n.users), default=len(nodes))
+        else:
+            at[n] = pos[n]
+    return {n.name: i for n, i in at.items() if n.op == "call_function"}
+
+
 def inductor_order_of(nodes: list[fx.Node], recomputed: frozenset[str]) -> list[fx.Node]:
     """`inductor_order` of the graph that runs `nodes` (in this order; inputs from outside them are
     ready from the start)."""
