@@ -139,7 +139,7 @@ def test_a_value_read_twice_is_written_once_it_reads_more_than_four_buffers():
 
 
 @pytest.mark.parametrize("name, codegen, fraction", [("gpt_neox", "aten", None), ("qwen2", "aten", 0.6),
-                                                     ("qwen2", "triton", None), ("t5", "inductor", None),
+                                                     ("qwen2", "triton", None), ("t5", "inductor", 0.6),
                                                      ("gpt2", "inductor", None)])
 def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction):
     """The predicted peak of a compiled HF training step against the CPU allocator's (every allocation and
@@ -147,13 +147,16 @@ def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction):
     make the peak; with a budget (0.6 of the way from the held state to the unplanned peak) the plan
     recomputes and the measured peak stays under the budget. aten and triton (its rest op by op here) to
     0.5%, Inductor's code generation to 5% (issue 16's goal; on CPU, not yet on OPT -8.5% and ViT -6.7%,
-    nor under most budgets: bench/results/cpu-2026-11-29-peak). Found by it: views of a split past
+    nor under half the budgets: bench/results/cpu-2026-11-29-peak-planned). Found by it: views of a split past
     the first held no storage, so GPT-NeoX's fused qkv output was freed while its views were saved
     (-16.5%); the logits' unused gradient is zeros that aten and the triton path's aten ops allocate
     (Qwen2 -5.8%); what a fused-away value reads was freed at the value, not at the last kernel that
     computes it (T5 -13.7%: its attention-probability gradient); a kernel writes in place into a value
     that dies in it also when it reads that value through fused-away ones (GPT-2 +9.5% once the
-    previous rule held its GELU gradient's inputs), but not into one a reduction it fuses also reads."""
+    previous rule held its GELU gradient's inputs), but not into one a reduction it fuses also reads;
+    and under a plan, Inductor's horizontal fusion computed T5's recomputed attention scores long before
+    their use, and its buffer reuse held freed buffers for later ones (T5 at 0.6: 57.96 MiB measured
+    against 47.67 predicted, over the budget; now 48.03: `compat._as_planned`)."""
     from bench import cpu_peak
     rows = cpu_peak.points(name, codegen, [] if fraction is None else [fraction])
     for row in rows:
