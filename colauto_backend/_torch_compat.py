@@ -281,6 +281,7 @@ def _mark_user_visible_outputs(gm: torch.fx.GraphModule, *, is_backward: bool, i
 
 
 RECOMPUTE_KEPT_APART = counters.counter("horizontal fusions of a planned recomputation refused")
+REUSE_KEPT = counters.counter("planned graphs compiled with Inductor's own buffer reuse")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,7 +297,7 @@ class RematCodegen:
 @contextlib.contextmanager
 def _as_planned(remat: RematCodegen):
     """Two of Inductor's memory heuristics raise the measured peak of a planned step above the one the
-    plan was chosen by (bench/results/cpu-2026-11-29-peak-noreuse, -keep: CPU allocator, 8 HF models);
+    plan was chosen by (bench/results/cpu-2026-11-29-peak-noreuse, -planned: CPU allocator, 8 HF models);
     under a plan both give way:
 
     - Non-adjacent buffer reuse. Inductor holds a freed buffer for a later allocation of its size
@@ -341,18 +342,22 @@ def _as_planned(remat: RematCodegen):
     # Inductor's FX graph cache keys on neither: a no-op post-grad pass whose uuid names them keys the
     # compiled graph apart from one compiled without them (unless the user set a pass of their own)
     import torch._inductor.config as inductor_config
-    key = {"post_grad_custom_post_pass": _RecomputationKeptInPlace()} \
+    key = {"post_grad_custom_post_pass": _PlannedCacheKey()} \
         if inductor_config.post_grad_custom_post_pass is None else {}
-    original = wrapper.AllocateLine.should_reuse_buffer
-    wrapper.AllocateLine.should_reuse_buffer = adjacent_only
+    original = getattr(wrapper.AllocateLine, "should_reuse_buffer", None)
+    if original is None:     # a torch without it: Inductor's reuse stays, counted
+        REUSE_KEPT["AllocateLine.should_reuse_buffer missing"] += 1
+    else:
+        wrapper.AllocateLine.should_reuse_buffer = adjacent_only
     try:
         with V.set_choices_handler(KeepRecomputationInPlace()), inductor_config.patch(key):
             yield
     finally:
-        wrapper.AllocateLine.should_reuse_buffer = original
+        if original is not None:
+            wrapper.AllocateLine.should_reuse_buffer = original
 
 
-class _RecomputationKeptInPlace(CustomGraphPass):
+class _PlannedCacheKey(CustomGraphPass):
     """Changes nothing in the graph; its uuid is part of Inductor's cache key (`_as_planned`)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
