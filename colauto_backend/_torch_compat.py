@@ -310,11 +310,13 @@ def _as_planned(remat: RematCodegen):
       that recomputes another layer's (both read the relative-position-bias inputs). That pulled its
       8 MiB attention scores about 250 wrapper lines ahead of their use: 17.7% over the prediction.
       Inductor's own comment on its distance rule names the case ("recomputed nodes from different
-      checkpointed regions get fused"). Here a kernel made only of recomputed ops fuses horizontally
-      only with a kernel needed at the same position (`needed_at`; of a kernel, its ops' latest: what
-      it inlines may be needed earlier by other readers). So each recomputation runs where the memory
-      model places it (`cost.memory.inductor_order`: just before its reader). Vertical fusion, into
-      its reader, is untouched. Refusals are counted.
+      checkpointed regions get fused"). On HF Qwen2 the same fusion ran layer 0's recomputed attention
+      inputs beside layer 1's attention backward, in kernels that also held backward work. Here a
+      kernel that runs a recomputed op fuses horizontally only with a kernel needed at the same
+      position (`needed_at`; of a kernel, its ops' latest: what it inlines may be needed earlier by
+      other readers). So each recomputation runs where the memory model places it
+      (`cost.memory.inductor_order`: just before its reader). Vertical fusion, into its reader, is
+      untouched. Refusals are counted.
 
     The fusion rule goes through Inductor's documented heuristics hook (`V.set_choices_handler`); the
     reuse rule replaces `AllocateLine.should_reuse_buffer` (torch 2.11-2.13) for the compile."""
@@ -323,15 +325,15 @@ def _as_planned(remat: RematCodegen):
     base = type(V.choices)
 
     def kernel(snode) -> tuple[bool, int | None]:
-        """(whether it is made only of recomputed ops, the latest position its ops are needed at)"""
+        """(whether it runs a recomputed op, the latest position its ops are needed at)"""
         names = {o.name for sub in snode.get_nodes() for o in getattr(sub.node, "origins", ()) if o.op == "call_function"}
-        return (bool(names) and names <= remat.recomputed,
+        return (bool(names & remat.recomputed),
                 max((remat.needed_at[n] for n in names if n in remat.needed_at), default=None))
 
     class KeepRecomputationInPlace(base):
         def can_fuse_horizontal(self, scheduler, node1, node2, shared_data_score):
-            (only_a, at_a), (only_b, at_b) = kernel(node1), kernel(node2)
-            if (only_a or only_b) and at_a != at_b:
+            (again_a, at_a), (again_b, at_b) = kernel(node1), kernel(node2)
+            if (again_a or again_b) and at_a != at_b:
                 RECOMPUTE_KEPT_APART["refused"] += 1
                 return False
             return base.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)

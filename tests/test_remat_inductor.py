@@ -215,8 +215,13 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
     kernel-local ones it removes and those written into a cat's output) when it compiles the forward and
     backward of HF Qwen2 under a budget that recomputes. Every byte Inductor writes, the model writes
     (the rule it replaced wrote nothing for the rotary cats, the GQA gradient sums and SiLU's sigmoid:
-    0.46 MB of 2.56 MB in the backward), and the model writes at most 1.5x Inductor's bytes (clones that
-    Inductor's passes remove, inputs of CPU attention copied under another name)."""
+    0.46 MB of 2.56 MB in the backward), and the model writes at most 1.5x Inductor's bytes in the
+    forward (clones that Inductor's passes remove, inputs of CPU attention copied under another name) and
+    1.7x in the backward. Under a plan, Inductor no longer fuses a kernel that recomputes horizontally
+    with one needed elsewhere (`compat._as_planned`), so a recomputed value that several kernels read is
+    computed inside each of them, not written once; the model still writes it: 3.74 MB against
+    Inductor's 2.30 MB (1.63x). That over-count is the over-prediction in
+    bench/results/cpu-2026-11-29-peak-planned (Qwen2 at 0.8: +6.3%)."""
     import transformers
     from torch._inductor import graph as inductor_graph, ir
     from colauto_backend import _torch_compat as compat
@@ -256,10 +261,10 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
         compiled(**kw).loss.backward()
     assert ANALYSES[-1].plan.recomputed
     assert len(modeled) == len(realized) == 2          # forward, backward
-    for (written, memory_bound, size), inductor in zip(modeled, realized):
+    for bound, (written, memory_bound, size), inductor in zip((1.5, 1.7), modeled, realized):   # forward, backward
         inductor &= memory_bound
         assert inductor and not inductor - written, sorted(inductor - written)
-        assert sum(size[n] for n in written) <= 1.5 * sum(size[n] for n in inductor)
+        assert sum(size[n] for n in written) <= bound * sum(size[n] for n in inductor)
 
 
 def test_a_recomputation_runs_before_its_reader_not_fused_into_earlier_work():
