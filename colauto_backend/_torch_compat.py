@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
+import inspect
 import itertools
 import operator
 import re
@@ -366,7 +368,12 @@ class _PlannedCacheKey(CustomGraphPass):
         return None
 
     def uuid(self) -> str:
-        return "colauto: a planned graph's recomputation kept in place, buffers reused only at the next kernel, v1"
+        return _PLANNED_RULES_KEY
+
+
+# the rules' own source, hashed: a change to them keys every graph compiled under them anew (a fixed
+# string served graphs compiled under an earlier version of the rules from Inductor's cache)
+_PLANNED_RULES_KEY = "colauto _as_planned " + hashlib.sha256(inspect.getsource(_as_planned).encode()).hexdigest()[:16]
 
 
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
