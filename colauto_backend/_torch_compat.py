@@ -373,7 +373,10 @@ class _PlannedCacheKey(CustomGraphPass):
 
 # the rules' own source, hashed: a change to them keys every graph compiled under them anew (a fixed
 # string served graphs compiled under an earlier version of the rules from Inductor's cache)
-_PLANNED_RULES_KEY = "colauto _as_planned " + hashlib.sha256(inspect.getsource(_as_planned).encode()).hexdigest()[:16]
+try:
+    _PLANNED_RULES_KEY = "colauto _as_planned " + hashlib.sha256(inspect.getsource(_as_planned).encode()).hexdigest()[:16]
+except OSError:   # installed without its .py sources
+    _PLANNED_RULES_KEY = "colauto _as_planned (no source)"
 
 
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
