@@ -156,7 +156,7 @@ def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction):
     previous rule held its GELU gradient's inputs), but not into one a reduction it fuses also reads;
     and under a plan, Inductor's horizontal fusion computed T5's recomputed attention scores long before
     their use, and its buffer reuse held freed buffers for later ones (T5 at 0.6: 57.96 MiB measured
-    against 47.67 predicted, over the budget; now 48.03: `compat._as_planned`)."""
+    against 47.67 predicted, over the budget; now 47.04: `compat._as_planned`)."""
     from bench import cpu_peak
     rows = cpu_peak.points(name, codegen, [] if fraction is None else [fraction])
     for row in rows:
