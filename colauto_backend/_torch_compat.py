@@ -354,7 +354,9 @@ def _as_planned(remat: RematCodegen):
     else:
         wrapper.AllocateLine.should_reuse_buffer = adjacent_only
     try:
-        with V.set_choices_handler(KeepRecomputationInPlace()), inductor_config.patch(key):
+        # a forward recomputes nothing: Inductor's own fusion choices, with no per-pair check
+        fusion = V.set_choices_handler(KeepRecomputationInPlace()) if remat.recomputed else contextlib.nullcontext()
+        with fusion, inductor_config.patch(key):
             yield
     finally:
         if original is not None:

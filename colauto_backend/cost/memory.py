@@ -166,11 +166,9 @@ def needed_at(graph: fx.Graph, recomputed: frozenset[str]) -> dict[str, int]:
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     at: dict[fx.Node, int] = {}
-    for n in reversed(nodes):
-        if n.name in recomputed and n.op == "call_function":
-            at[n] = min((at.get(u, pos[u]) for u in n.users), default=len(nodes))
-        else:
-            at[n] = pos[n]
+    for n in reversed(nodes):   # users first: each user's position is known when its inputs are visited
+        recomputes = n.name in recomputed and n.op == "call_function"
+        at[n] = min((at[u] for u in n.users), default=len(nodes)) if recomputes else pos[n]
     return {n.name: i for n, i in at.items() if n.op == "call_function"}
 
 
