@@ -103,6 +103,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         # Inductor's fusion (Inductor codegen, and triton where Inductor compiles the rest)
         inductor_rest = config.codegen == "triton" and rest_by_inductor(example_inputs)
         inductor_fuses = config.codegen == "inductor" or inductor_rest
+        layout = compat.input_layout(example_inputs)   # the closures below must not hold the inputs themselves
         # outputs returned beside the loss: their backward is compiled without their (zero) gradients
         unused = output_grads.decide(gm, "output_grads=all" if config.output_grads == "all" else
                                      "cuda graphs" if config.cudagraphs else None)
@@ -126,7 +127,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 
         def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **kw):
             primals = sum(1 for n in joint.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents"))
-            params, trained = compat.joint_param_positions(example_inputs, static_lifetime_input_indices or [], primals)
+            params, trained = compat.joint_param_positions(layout, static_lifetime_input_indices or [], primals)
             if trained is not None:   # the memory model cannot pair gradients with primals by position here
                 memory.mark_trained(joint.graph, params, trained)
             nonlocal marked
