@@ -2,7 +2,7 @@
 # 2026-12-01 (one GPU, one call): the default backend against plain torch.compile after the partitioner stopped holding
 # the compile's example inputs (816c196: HF GPT-2 large held its first logits, 0.77 GiB); OPT and Falcon not
 # re-measured since output_grads (df991df). Same as gpu23.sh otherwise.
-# MODELS: comma-separated bench.run specs; LIMIT: seconds for the whole call. One tar: $OUT/r30.tgz.
+# MODELS: comma-separated bench.run specs; MODES: bench.run modes (inductor,colauto); LIMIT: seconds for the whole call. One tar: $OUT/r30.tgz.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 COLAUTO_PLAN_CACHE=0
 R=/tmp/r30; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -14,7 +14,7 @@ for spec in ${MODELS//,/ }; do
   left=$(( ${LIMIT:-570} - ($(date +%s) - T0) ))
   [ $left -lt 60 ] && { echo "skipped $spec: $left s left" | tee -a $R/skipped.txt; continue; }
   d=$R/$(echo $spec | tr '/:' '__'); mkdir -p $d
-  COLAUTO_REPORT=1 timeout -k 5 $left python -m bench.run --models $spec --modes inductor,colauto \
+  COLAUTO_REPORT=1 timeout -k 5 $left python -m bench.run --models $spec --modes ${MODES:-inductor,colauto} \
       --steps ${STEPS:-20} --warmup 3 --out $d > $d/log.txt 2>&1
   rm -f $d/*.png
   grep -h "tok/s\|Error\|outputs returned beside" $d/log.txt | head -8 | cut -c1-300
