@@ -672,10 +672,6 @@ class InputLayout:
     flattened: tuple[int, ...]
     requires_grad: tuple[bool, ...]
 
-    @property
-    def num_primals(self) -> int:
-        return sum(self.flattened)
-
 
 def input_layout(example_inputs: Sequence[Any]) -> InputLayout:
     from torch._functorch._aot_autograd.subclass_utils import remap_unwrapped_subclass_arg_indices

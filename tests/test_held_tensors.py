@@ -81,10 +81,9 @@ def test_what_aot_autograd_keeps_reaches_no_example_input(codegen, monkeypatch):
         assert not held, f"a callable handed to AOTAutograd holds example inputs of shapes {held}"
 
 
-@pytest.mark.parametrize("codegen", ["aten", "inductor"])
-def test_no_logits_of_an_earlier_step_outlive_it(codegen):
-    """End to end on HF GPT-2, as torch.compile (Inductor) behaves: after each step's backward and
-    optimizer step, the logits of every step so far are freed."""
+def test_no_logits_of_an_earlier_step_outlive_it(codegen="inductor"):
+    """End to end on HF GPT-2 under the default codegen on CUDA, as torch.compile (Inductor) behaves: after
+    each step's backward and optimizer step, the logits of every step so far are freed."""
     torch._dynamo.reset()
     model, batch = build_hf("gpt2")
     opt = torch.optim.AdamW(model.parameters())

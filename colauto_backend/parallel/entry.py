@@ -77,17 +77,21 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
         return _data_parallel(gm, example_inputs, make_local, None)
     from ..backend import capture_serves_planning   # local import: the backend imports this module
     plans: list[ParallelPlan] = []
+    # what `decide` reads, emptied once compiled: torch 2.11 keeps the partitioner that calls `decide` as
+    # long as the compiled graph, and the inputs would live as long (tests/test_held_tensors.py)
+    capture = [gm, example_inputs]
 
     def decide(analysis) -> tuple[data.DataParallel | None, tuple[str, float]]:
         """From the capture being compiled: its plan, and how this first call runs (`_first_call`). No
         collective runs here, inside AOTAutograd's partitioner (gloo hung there, 1 launch in 3)."""
-        plans.append(plan_graph(gm, example_inputs, names, params, config, candidates,
+        plans.append(plan_graph(*capture, names, params, config, candidates,
                                 prefer_data_parallel=config.mesh is None, analysis=analysis))
         return _first_call(plans[0])
 
     if capture_serves_planning(config, example_inputs):
         # one capture: the plan is made from the joint graph AOTAutograd traces for this compile
         compiled = make_local(decide=decide)(gm, example_inputs)
+        capture.clear()
         plan = plans[0]
     else:
         plan = plan_graph(gm, example_inputs, names, params, config, candidates,

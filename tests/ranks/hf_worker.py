@@ -13,6 +13,7 @@ the reference losses, a checksum of the trained parameters, and the error if it 
 import argparse
 import copy
 import datetime
+import gc
 import json
 import os
 import sys
@@ -79,9 +80,12 @@ def run(spec: str, args) -> dict:
     compiled = torch.compile(Renamed(model) if "renamed" in flags else model, backend="colauto", options=options)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = None if "late" in flags else torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses, ref_losses = [], []
+    losses, ref_losses, outputs = [], [], []
     for _ in range(args.steps):
-        loss = hf_zoo.loss_of(compiled(**local))
+        result = compiled(**local)
+        outputs.append(_storage_ref(result))
+        loss = hf_zoo.loss_of(result)
+        del result
         loss.backward()
         if opt is None:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -99,8 +103,11 @@ def run(spec: str, args) -> dict:
     next_out = compiled(**local)
     stale_grads = sum(p.grad is not None for p in model.parameters())
     del next_out
+    gc.collect()
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "error": None,
            "stale_grads": stale_grads,
+           # the training steps' logits still alive after the next forward (none: nothing holds a step's outputs)
+           "outputs_held": sum(r is not None and not r.expired() for r in outputs),
            "param_sum": sum(_full(p).double().sum().item() for p in model.parameters()),
            "max_param_diff": max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
@@ -113,6 +120,16 @@ def run(spec: str, args) -> dict:
     if "ckpt" in flags:
         out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
     return out
+
+
+def _storage_ref(result):
+    """A weak reference to the storage of a ModelOutput's logits (a DTensor's local part), or None."""
+    from torch.distributed.tensor import DTensor
+    from torch.multiprocessing.reductions import StorageWeakRef
+    logits = getattr(result, "logits", None)
+    if not isinstance(logits, torch.Tensor):
+        return None
+    return StorageWeakRef((logits.to_local() if isinstance(logits, DTensor) else logits).untyped_storage())
 
 
 def memory_terms(model) -> dict:
