@@ -291,9 +291,10 @@ class RematCodegen:
     """A planned graph's recomputation, for Inductor to run as colauto's memory model has it:
     `recomputed`, the backward's recomputed ops (empty for a forward); `needed_at`, each op's position
     in the graph (`cost.memory.needed_at`: a recomputed op's is that of its first reader outside the
-    recomputation)."""
+    recomputation); `rules`, which of `_as_planned`'s rules apply (Config.planned_rules)."""
     recomputed: frozenset[str]
     needed_at: dict[str, int]
+    rules: frozenset[str] = frozenset(("fusion", "reuse"))
 
 
 @contextlib.contextmanager
@@ -346,16 +347,19 @@ def _as_planned(remat: RematCodegen):
     # Inductor's FX graph cache keys on neither: a no-op post-grad pass whose uuid names them keys the
     # compiled graph apart from one compiled without them (unless the user set a pass of their own)
     import torch._inductor.config as inductor_config
-    key = {"post_grad_custom_post_pass": _PlannedCacheKey()} \
+    key = {"post_grad_custom_post_pass": _PlannedCacheKey(remat.rules)} \
         if inductor_config.post_grad_custom_post_pass is None else {}
-    original = getattr(wrapper.AllocateLine, "should_reuse_buffer", None)
-    if original is None:     # a torch without it: Inductor's reuse stays, counted
+    original = getattr(wrapper.AllocateLine, "should_reuse_buffer", None) if "reuse" in remat.rules else None
+    if "reuse" not in remat.rules:
+        REUSE_KEPT["COLAUTO_PLANNED_RULES without reuse"] += 1
+    elif original is None:     # a torch without it: Inductor's reuse stays, counted
         REUSE_KEPT["AllocateLine.should_reuse_buffer missing"] += 1
     else:
         wrapper.AllocateLine.should_reuse_buffer = adjacent_only
     try:
         # a forward recomputes nothing: Inductor's own fusion choices, with no per-pair check
-        fusion = V.set_choices_handler(KeepRecomputationInPlace()) if remat.recomputed else contextlib.nullcontext()
+        fusion = V.set_choices_handler(KeepRecomputationInPlace()) if remat.recomputed and "fusion" in remat.rules \
+            else contextlib.nullcontext()
         with fusion, inductor_config.patch(key):
             yield
     finally:
@@ -364,13 +368,17 @@ def _as_planned(remat: RematCodegen):
 
 
 class _PlannedCacheKey(CustomGraphPass):
-    """Changes nothing in the graph; its uuid is part of Inductor's cache key (`_as_planned`)."""
+    """Changes nothing in the graph; its uuid, the rules' source and which of them apply, is part of
+    Inductor's cache key (`_as_planned`)."""
+
+    def __init__(self, rules: frozenset[str]):
+        self.rules = rules
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         return None
 
     def uuid(self) -> str:
-        return _PLANNED_RULES_KEY
+        return f"{_PLANNED_RULES_KEY} {','.join(sorted(self.rules)) or 'none'}"
 
 
 # the rules' own source, hashed: a change to them keys every graph compiled under them anew (a fixed

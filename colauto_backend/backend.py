@@ -265,7 +265,8 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
         if recomputing and not is_inference:
             recomputed = frozenset(n.name for n in gm.graph.nodes
                                    if n.op == "call_function" and n.name in recomputing[0]) if is_backward else frozenset()
-            remat = compat.RematCodegen(recomputed, memory.needed_at(gm.graph, recomputed) if recomputed else {})
+            remat = compat.RematCodegen(recomputed, memory.needed_at(gm.graph, recomputed) if recomputed else {},
+                                        config.planned_rules)
         if is_backward:   # marked tangents read as zeros, and take None (none marked: nothing changes)
             inputs = output_grads.specialize(gm, inputs)
         # whether the graph can be recorded, read once, before any code generation rewrites `gm`

@@ -36,6 +36,8 @@ class Config:
     cudagraphs: bool = False         # replay the compiled graphs as CUDA graphs (every codegen)
     output_grads: str = "loss"       # loss: outputs returned beside a 0-dim loss get no gradient (output_grads.py);
                                      # all: every output's gradient is computed, zeros included
+    planned_rules: frozenset[str] = frozenset(("fusion", "reuse"))   # Inductor's heuristics that give way
+                                     # under a plan that recomputes (compat._as_planned); none: Inductor's own
 
 
 # name in options= -> (environment variable, parser)
@@ -129,6 +131,19 @@ def _cudagraphs(raw: str, label: str) -> bool:
     return value in ("1", "true")
 
 
+PLANNED_RULES = ("fusion", "reuse")
+
+
+def _planned_rules(raw: str, label: str) -> frozenset[str]:
+    value = raw.strip().lower()
+    if value == "none":
+        return frozenset()
+    rules = {part.strip() for part in value.split(",")}
+    if not value or not rules <= set(PLANNED_RULES):
+        raise ConfigError(f"{label} is not valid: use a comma-separated list of {', '.join(PLANNED_RULES)}, or none")
+    return frozenset(rules)
+
+
 def _comm(raw: str, label: str) -> str:
     from .parallel.comm import PRESETS, resolve   # local import: comm imports config for errors
     value = raw.strip()
@@ -149,6 +164,7 @@ _FIELDS = {
     "comm": ("COLAUTO_COMM", _comm),
     "cudagraphs": ("COLAUTO_CUDAGRAPHS", _cudagraphs),
     "output_grads": ("COLAUTO_OUTPUT_GRADS", _choice(("loss", "all"))),
+    "planned_rules": ("COLAUTO_PLANNED_RULES", _planned_rules),
 }
 # Read where they are used (triton_kernels, a package that does not depend on this one; plan_cache.py);
 # validated here.

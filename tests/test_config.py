@@ -14,6 +14,7 @@ from examples.models import build
     ("COLAUTO_OPTIMIZER", "adam", "adamw"),
     ("COLAUTO_MESHH", "2x2", "COLAUTO_CODEGEN"),
     ("COLAUTO_CUDAGRAPHS", "yes", "use 1"),
+    ("COLAUTO_PLANNED_RULES", "fuse", "fusion, reuse, or none"),
 ])
 def test_bad_value_is_one_line_naming_variable(var, value, accepted):
     with pytest.raises(cfg.ConfigError) as err:
@@ -33,6 +34,7 @@ def test_bad_value_is_one_line_naming_variable(var, value, accepted):
     ("mesh", "dp=2,dp=2", "names a role twice"),
     ("comm", "infiniband", "nvlink-h100"),
     ("cudagraphs", "yes", "use 1"),
+    ("planned_rules", "fusion,", "fusion, reuse, or none"),
 ])
 def test_bad_option_is_one_line_naming_the_key(key, value, accepted):
     """An options= value is blamed on its key (with the value as given), not on the variable."""
@@ -55,6 +57,12 @@ def test_cuda_graphs_setting():
     assert not cfg.load(environ={}).cudagraphs
     # every codegen replays as CUDA graphs: Inductor's code as under mode="reduce-overhead"
     assert cfg.load({"cudagraphs": True}, environ={"COLAUTO_CODEGEN": "inductor"}).cudagraphs
+
+
+def test_planned_rules_setting():
+    assert cfg.load(environ={}).planned_rules == {"fusion", "reuse"}
+    assert cfg.load(environ={"COLAUTO_PLANNED_RULES": "none"}).planned_rules == frozenset()
+    assert cfg.load({"planned_rules": " Reuse "}, environ={}).planned_rules == {"reuse"}
 
 
 def test_bad_option_key():

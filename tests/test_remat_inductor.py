@@ -273,7 +273,8 @@ def test_a_recomputation_runs_before_its_reader_not_fused_into_earlier_work():
     under a budget: 17.7% over the predicted peak, over the budget). Reference: Inductor's own schedule of
     the same graph (compiled as torch.compile would, remat=None). There x.sin() * 2, which only the
     second matmul reads, is computed with x.cos() + y before the first; compiled as a plan that
-    recomputes it, it runs just before the second, and the results are unchanged."""
+    recomputes it, it runs just before the second, and the results are unchanged. With the fusion rule
+    switched off (COLAUTO_PLANNED_RULES=reuse: RematCodegen.rules), Inductor's own schedule again."""
     import re
 
     import torch._inductor.config as inductor_config
@@ -289,16 +290,19 @@ def test_a_recomputation_runs_before_its_reader_not_fused_into_earlier_work():
     x, y, w = (torch.randn(64, 64) for _ in range(3))
     expected = backward_like(x, y, w)
     calls = {}
-    for recomputed in (None, frozenset({"sin", "mul"})):
+    for recomputed, rules in ((None, None), (frozenset({"sin", "mul"}), frozenset({"fusion", "reuse"})),
+                              (frozenset({"sin", "mul"}), frozenset({"reuse"}))):
         gm = make_fx(backward_like, tracing_mode="fake")(x, y, w)
         assert {"sin", "mul", "cos", "add", "mm", "mm_1"} <= {n.name for n in gm.graph.nodes}
-        remat = None if recomputed is None else compat.RematCodegen(recomputed, memory.needed_at(gm.graph, recomputed))
+        remat = None if recomputed is None else \
+            compat.RematCodegen(recomputed, memory.needed_at(gm.graph, recomputed), rules)
         with inductor_config.patch(fx_graph_cache=False):
             fn, code = run_and_get_code(lambda: compat.run_with_inductor(gm, [x, y, w], is_backward=True, remat=remat))
         source = "\n".join(code)
-        calls[recomputed] = ["mm" if c == "extern_kernels.mm" else "kernel"
+        calls[rules] = ["mm" if c == "extern_kernels.mm" else "kernel"
                              for c in re.findall(r"(cpp_fused\w*|extern_kernels\.mm)\(", source[source.index("def call("):])]
         for got, want in zip(fn([x.clone(), y.clone(), w.clone()]), expected):
             torch.testing.assert_close(got, want)
     assert calls[None] == ["kernel", "mm", "mm"]   # Inductor alone: both computed before the first matmul
-    assert calls[frozenset({"sin", "mul"})] == ["kernel", "mm", "kernel", "mm"]
+    assert calls[frozenset({"fusion", "reuse"})] == ["kernel", "mm", "kernel", "mm"]
+    assert calls[frozenset({"reuse"})] == ["kernel", "mm", "mm"]
