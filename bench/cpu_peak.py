@@ -81,7 +81,7 @@ def points(name: str, codegen: str, fractions: list[float]) -> list[dict]:
                 break
             options["memory_budget"] = row["budget_bytes"] = int(base[1] + fraction * (base[0] - base[1]))
         from colauto_backend import _torch_compat as compat
-        fusions = sum(compat.RECOMPUTE_KEPT_APART.values()), sum(compat.RECOMPUTE_FUSED_IN_SLACK.values())
+        refused = sum(compat.RECOMPUTE_KEPT_APART.values())
         try:
             measured, planned = measured_step(model, batch, options)
         except Exception as exc:  # noqa: BLE001 - recorded as the point's result
@@ -94,10 +94,8 @@ def points(name: str, codegen: str, fractions: list[float]) -> list[dict]:
         rows.append(row | {"measured_bytes": measured, "predicted_bytes": predicted, "graphs": len(evs),
                            "error_pct": 100 * (predicted / measured - 1),
                            "over_budget": fraction is not None and measured > row["budget_bytes"],
-                           # horizontal fusions of a recomputation (compat._as_planned): refused, and allowed
-                           # within the plan's slack
-                           "fusions_refused": sum(compat.RECOMPUTE_KEPT_APART.values()) - fusions[0],
-                           "fusions_in_slack": sum(compat.RECOMPUTE_FUSED_IN_SLACK.values()) - fusions[1]})
+                           # horizontal fusions of a recomputation refused (compat._as_planned)
+                           "fusions_refused": sum(compat.RECOMPUTE_KEPT_APART.values()) - refused})
     return rows
 
 
@@ -130,8 +128,7 @@ def main(argv=None) -> int:
                     continue
                 print(f"{where} measured {row['measured_bytes'] / 2**20:8.2f} MiB  predicted "
                       f"{row['predicted_bytes'] / 2**20:8.2f} MiB  ({row['error_pct']:+.1f}%)"
-                      + (f"  fusions refused {row['fusions_refused']}, in slack {row['fusions_in_slack']}"
-                         if row["fraction"] is not None else "")
+                      + (f"  fusions refused {row['fusions_refused']}" if row["fraction"] is not None else "")
                       + ("  MEASURED ABOVE THE BUDGET" if row["over_budget"] else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -283,7 +283,6 @@ def _mark_user_visible_outputs(gm: torch.fx.GraphModule, *, is_backward: bool, i
 
 
 RECOMPUTE_KEPT_APART = counters.counter("horizontal fusions of a planned recomputation refused")
-RECOMPUTE_FUSED_IN_SLACK = counters.counter("horizontal fusions of a planned recomputation allowed within the plan's slack")
 REUSE_KEPT = counters.counter("planned graphs compiled with Inductor's own buffer reuse")
 
 
@@ -292,12 +291,10 @@ class RematCodegen:
     """A planned graph's recomputation, for Inductor to run as colauto's memory model has it:
     `recomputed`, the backward's recomputed ops (empty for a forward); `needed_at`, each op's position
     in the graph (`cost.memory.needed_at`: a recomputed op's is that of its first reader outside the
-    recomputation); `rules`, which of `_as_planned`'s rules apply (Config.planned_rules); `slack_bytes`,
-    what the plan's predicted peak leaves under the budget (less the planner's headroom)."""
+    recomputation); `rules`, which of `_as_planned`'s rules apply (Config.planned_rules)."""
     recomputed: frozenset[str]
     needed_at: dict[str, int]
     rules: frozenset[str] = frozenset(("fusion", "reuse"))
-    slack_bytes: int = 0
 
 
 @contextlib.contextmanager
@@ -323,11 +320,11 @@ def _as_planned(remat: RematCodegen):
       other readers). So each recomputation runs where the memory model places it
       (`cost.memory.inductor_order`: just before its reader). Vertical fusion, into its reader, is
       untouched. Refusals are counted.
-      Refusing every such fusion cost HF Qwen2 3.3% of its throughput on an H200 under a 17.7 GiB budget
-      and lowered its peak by nothing (bench/results/h200-2026-12-02-planned-rules): the kernels it kept
-      apart were small. So a fusion is allowed while the outputs of the kernel it runs early (the one
-      needed later), each counted once, fit in the plan's slack, what its predicted peak leaves under the
-      budget: held from the earlier position to their use, they can add at most that much at the peak.
+      On an H200 this rule cost HF Qwen2 (17.7 GiB budget) 3.3% and Qwen3 (21.0 GiB) 2.2% of their
+      throughput and lowered neither peak, whose predictions there are 11-12% high; on the CPU
+      allocator, without it, 3 of 4 points (T5, Qwen2) went over their budgets. Allowing fusions
+      while the pulled kernel's outputs fit the plan's predicted slack took 2 CPU points over their
+      budgets too (bench/results/h200-2026-12-02-planned-rules). `COLAUTO_PLANNED_RULES=reuse` drops it.
 
     The fusion rule goes through Inductor's documented heuristics hook (`V.set_choices_handler`); the
     reuse rule replaces `AllocateLine.should_reuse_buffer` (torch 2.11-2.13) for the compile."""
@@ -341,34 +338,12 @@ def _as_planned(remat: RematCodegen):
         return (bool(names & remat.recomputed),
                 max((remat.needed_at[n] for n in names if n in remat.needed_at), default=None))
 
-    charged: set[str] = set()         # buffers counted against the slack (each once)
-    spent = 0
-
-    def output_bytes(snode) -> int | None:
-        try:
-            sizevars = V.graph.sizevars     # torch 2.13 renamed size_hint optimization_hint
-            hint = getattr(sizevars, "optimization_hint", None) or sizevars.size_hint
-            return sum(hint(buf.node.get_numel()) * buf.node.get_dtype().itemsize
-                       for buf in snode.get_outputs() if buf.get_name() not in charged)
-        except Exception:  # noqa: BLE001 - a size it cannot read: refused (counted), never assumed small
-            return None
-
     class KeepRecomputationInPlace(base):
         def can_fuse_horizontal(self, scheduler, node1, node2, shared_data_score):
-            nonlocal spent
             (again_a, at_a), (again_b, at_b) = kernel(node1), kernel(node2)
             if (again_a or again_b) and at_a != at_b:
-                pulled = node2 if at_a is None or (at_b is not None and at_b > at_a) else node1   # needed later
-                size = output_bytes(pulled)
-                if size is None or spent + size > remat.slack_bytes:
-                    RECOMPUTE_KEPT_APART["refused" if size is not None else "refused: output size unknown"] += 1
-                    return False
-                fused = base.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)
-                if fused:
-                    spent += size
-                    charged.update(buf.get_name() for buf in pulled.get_outputs())
-                    RECOMPUTE_FUSED_IN_SLACK["allowed"] += 1
-                return fused
+                RECOMPUTE_KEPT_APART["refused"] += 1
+                return False
             return base.can_fuse_horizontal(scheduler, node1, node2, shared_data_score)
 
     def adjacent_only(self, free_line, size: int) -> bool:
@@ -377,7 +352,7 @@ def _as_planned(remat: RematCodegen):
     # Inductor's FX graph cache keys on neither: a no-op post-grad pass whose uuid names them keys the
     # compiled graph apart from one compiled without them (unless the user set a pass of their own)
     import torch._inductor.config as inductor_config
-    key = {"post_grad_custom_post_pass": _PlannedCacheKey(remat.rules, remat.slack_bytes)} \
+    key = {"post_grad_custom_post_pass": _PlannedCacheKey(remat.rules)} \
         if inductor_config.post_grad_custom_post_pass is None else {}
     original = getattr(wrapper.AllocateLine, "should_reuse_buffer", None) if "reuse" in remat.rules else None
     if "reuse" not in remat.rules:
@@ -398,17 +373,17 @@ def _as_planned(remat: RematCodegen):
 
 
 class _PlannedCacheKey(CustomGraphPass):
-    """Changes nothing in the graph; its uuid, the rules' source, which of them apply and the plan's
-    slack, is part of Inductor's cache key (`_as_planned`)."""
+    """Changes nothing in the graph; its uuid, the rules' source and which of them apply, is part of
+    Inductor's cache key (`_as_planned`)."""
 
-    def __init__(self, rules: frozenset[str], slack_bytes: int):
-        self.rules, self.slack_bytes = rules, slack_bytes
+    def __init__(self, rules: frozenset[str]):
+        self.rules = rules
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         return None
 
     def uuid(self) -> str:
-        return f"{_PLANNED_RULES_KEY} {','.join(sorted(self.rules)) or 'none'} {self.slack_bytes}"
+        return f"{_PLANNED_RULES_KEY} {','.join(sorted(self.rules)) or 'none'}"
 
 
 # the rules' own source, hashed: a change to them keys every graph compiled under them anew (a fixed

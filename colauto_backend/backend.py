@@ -108,9 +108,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         unused = output_grads.decide(gm, "output_grads=all" if config.output_grads == "all" else
                                      "cuda graphs" if config.cudagraphs else None)
         marked = False
-        # what the chosen plan recomputes and the bytes its predicted peak leaves under the budget, once
-        # partitioned (empty: no plan)
-        recomputing: list[tuple[frozenset, int]] = []
+        recomputing: list[frozenset] = []   # what the chosen plan recomputes, once partitioned (empty: no plan)
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
@@ -179,9 +177,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                                     exact=config.codegen == "aten")
             chosen, graphs, analysis = remat.plan(budget)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
-            slack = 0 if chosen.budget_bytes is None else \
-                max(0, int(chosen.budget_bytes * (1 - planner.HEADROOM)) - chosen.peak_with_bytes)
-            recomputing[:] = [(analysis.recomputed, slack)] if analysis.recomputed else []
+            recomputing[:] = [analysis.recomputed] if analysis.recomputed else []
             publish(analysis)
             return graphs if graphs is not None else (fw, bw)
 
@@ -254,13 +250,12 @@ def rest_by_inductor(inputs: list) -> bool:
 
 
 def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
-             recomputing: Sequence[tuple[frozenset, int]] = ()) -> Callable:
+             recomputing: Sequence[frozenset] = ()) -> Callable:
     """The compiler for one Dynamo graph's forward, backward and inference graphs; `user_outputs`: how
     many outputs the Dynamo graph has (Inductor keeps their strides as eager's); `inductor_rest`: under
     codegen triton, Inductor compiles what the kernels leave (`rest_by_inductor`, decided once per
     Dynamo graph, as the memory model was). `recomputing`: what the graph's remat plan recomputes (the
-    forward ops its backward runs again) and the bytes its predicted peak leaves under the budget, empty
-    where colauto planned nothing: Inductor then compiles as
+    forward ops its backward runs again), empty where colauto planned nothing: Inductor then compiles as
     for torch.compile; with a plan, Inductor runs the plan as the memory model has it
     (`compat.run_with_inductor`'s `remat`)."""
     recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
@@ -268,11 +263,10 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
     def run(gm, inputs, *, is_backward, is_inference=False):
         remat = None
         if recomputing and not is_inference:
-            planned, slack = recomputing[0]
             recomputed = frozenset(n.name for n in gm.graph.nodes
-                                   if n.op == "call_function" and n.name in planned) if is_backward else frozenset()
+                                   if n.op == "call_function" and n.name in recomputing[0]) if is_backward else frozenset()
             remat = compat.RematCodegen(recomputed, memory.needed_at(gm.graph, recomputed) if recomputed else {},
-                                        config.planned_rules, slack)
+                                        config.planned_rules)
         if is_backward:   # marked tangents read as zeros, and take None (none marked: nothing changes)
             inputs = output_grads.specialize(gm, inputs)
         # whether the graph can be recorded, read once, before any code generation rewrites `gm`

@@ -37,7 +37,10 @@ class Config:
     output_grads: str = "loss"       # loss: outputs returned beside a 0-dim loss get no gradient (output_grads.py);
                                      # all: every output's gradient is computed, zeros included
     planned_rules: frozenset[str] = frozenset(("fusion", "reuse"))   # Inductor's heuristics that give way
-                                     # under a plan that recomputes (compat._as_planned); none: Inductor's own
+                                     # under a plan that recomputes (compat._as_planned); none: Inductor's own.
+                                     # reuse alone ran HF Qwen2 and Qwen3 2-3% faster on an H200 at the same
+                                     # peaks, but took 3 of 4 CPU points over their budgets
+                                     # (bench/results/h200-2026-12-02-planned-rules)
 
 
 # name in options= -> (environment variable, parser)

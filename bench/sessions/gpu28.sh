@@ -4,7 +4,7 @@
 # Qwen2 under 17.7 GiB (80% of Inductor's peak, the budgets of bench/results/h200x2-2026-11-28-budget-first-step,
 # where the old model's plans measured 0.943x and 0.913x Inductor). MODELS: model=budget pairs, space-separated
 # (default those two). RULES (2026-12-02): after that pair, colauto alone again under each COLAUTO_PLANNED_RULES value
-# listed (space-separated, e.g. "reuse fusion none"), in the same call. One tar: $OUT/r28.tgz.
+# listed (space-separated, e.g. "reuse fusion none"), in the same call; PAIR_S: the pair's time limit (270 s). One tar: $OUT/r28.tgz.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 COLAUTO_PLAN_CACHE=0 COLAUTO_REPORT=1
 R=/tmp/r28; rm -rf $R; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -12,7 +12,7 @@ T0=$(date +%s); echo "${COMMIT:-unknown}" > $R/commit.txt; nvidia-smi -L > $R/ca
 python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" > $R/versions.txt
 for mb in ${MODELS:-hf/qwen3:bench:8:1024=21.0GiB hf/qwen2:bench:8:1024=17.7GiB}; do
   m=${mb%=*}; b=${mb#*=}; d=$R/$(echo $m | tr '/:' '__'); mkdir -p $d
-  COLAUTO_MEMORY_BUDGET=$b timeout -k 5 270 python -m bench.run --models $m --modes inductor,colauto --steps 10 --warmup 2 --out $d > $d/log.txt 2>&1
+  COLAUTO_MEMORY_BUDGET=$b timeout -k 5 ${PAIR_S:-270} python -m bench.run --models $m --modes inductor,colauto --steps 10 --warmup 2 --out $d > $d/log.txt 2>&1
   echo "== $m $b: rc $?"; rm -f $d/*.png; grep -h "tok/s\|Error" $d/log.txt | head -4
   for rules in ${RULES:-}; do
     e=$d/rules-$(echo $rules | tr ',' '_'); mkdir -p $e
