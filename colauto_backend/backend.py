@@ -288,11 +288,16 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
             report.emit_fusion(dataclasses.asdict(done) | {"graph": kind, "rest": "inductor" if inductor else "aten"},
                                config.report)
         if inductor:
+            refused = sum(compat.RECOMPUTE_KEPT_APART.values())
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
                                           num_user_outputs=user_outputs,
                                           own_buckets=scheduled is not None and scheduled.waits_moved > 0,
                                           own_gathers=scheduled is not None and scheduled.gathers_prefetched > 0,
                                           remat=remat)
+            if remat is not None and remat.recomputed:
+                report.emit_planned_rules({"recomputed": len(remat.recomputed), "rules": sorted(remat.rules),
+                                           "fusions_refused": sum(compat.RECOMPUTE_KEPT_APART.values()) - refused},
+                                          config.report)
         else:
             fn = compat.run_as_aten(gm, inputs)
         if recorder is None:

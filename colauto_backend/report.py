@@ -421,6 +421,21 @@ def emit_cuda_graphs(data: dict, setting: str | None) -> None:
     _emit_beside(setting, lambda: render_cuda_graphs(data), ".cuda_graphs.jsonl", "a", lambda: json.dumps(data) + "\n")
 
 
+def render_planned_rules(data: dict) -> str:
+    rules = ",".join(data["rules"]) or "none"
+    return (f"colauto: Inductor compiled the plan's backward ({data['recomputed']} recomputed ops) with "
+            f"COLAUTO_PLANNED_RULES={rules}: {data['fusions_refused']} horizontal fusions of a recomputation refused"
+            + ("" if "reuse" not in data["rules"] else "; freed buffers reused only by the next kernel")
+            + (" (a graph from Inductor's cache refuses none: it was compiled under the same rules)"
+               if data["fusions_refused"] == 0 and "fusion" in data["rules"] else ""))
+
+
+def emit_planned_rules(data: dict, setting: str | None) -> None:
+    """COLAUTO_REPORT for a planned backward compiled by Inductor (`compat._as_planned`), one line per graph."""
+    _emit_beside(setting, lambda: render_planned_rules(data), ".planned_rules.jsonl", "a",
+                 lambda: json.dumps(data) + "\n")
+
+
 def emit_cache_hit(setting: str | None) -> None:
     """COLAUTO_REPORT for a graph whose compiled step torch's AOTAutograd cache returned: nothing was
     traced or planned, so there is no table to print."""

@@ -31,7 +31,10 @@ def test_monotone_under_inductor_codegen():
     assert peaks[0] < peaks[-1] and times[0] > times[-1]
 
 
-def test_gradients_equal_eager_under_budget_with_inductor():
+def test_gradients_equal_eager_under_budget_with_inductor(capsys):
+    """...and COLAUTO_REPORT names the rules Inductor compiled the planned backward under, with the
+    refused fusions the counters registry counted for it."""
+    from colauto_backend import _torch_compat as compat
     model, make = build("gpt2")
     inputs = make(4, 64)
     loss_ref = model(*inputs)
@@ -42,8 +45,13 @@ def test_gradients_equal_eager_under_budget_with_inductor():
     plan = colauto_backend.explain(model, *inputs, budget=budget, options=OPTIONS)
     assert plan.recomputed and plan.peak_with_bytes <= budget < plan.peak_without_bytes
     torch._dynamo.reset()
-    loss = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=budget))(*inputs)
+    capsys.readouterr()
+    refused = sum(compat.RECOMPUTE_KEPT_APART.values())
+    loss = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=budget, report="1"))(*inputs)
     loss.backward()
+    lines = [line for line in capsys.readouterr().out.splitlines() if "COLAUTO_PLANNED_RULES" in line]
+    assert len(lines) == 1 and "COLAUTO_PLANNED_RULES=fusion,reuse:" in lines[0], lines
+    assert f": {sum(compat.RECOMPUTE_KEPT_APART.values()) - refused} horizontal fusions" in lines[0], lines
     torch.testing.assert_close(loss, loss_ref, atol=1e-5, rtol=1e-5)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, ref[n], atol=1e-5, rtol=1e-4, msg=n)
