@@ -229,10 +229,7 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
     with one needed elsewhere (`compat._as_planned`), so a recomputed value that several kernels read is
     computed inside each of them, not written once; the model still writes it: 3.74 MB against
     Inductor's 2.30 MB (1.63x). That over-count is the over-prediction in
-    bench/results/cpu-2026-11-29-peak-planned (Qwen2 at 0.8: +6.3%). Since 2026-12-02 a pointwise value
-    whose every reader the scheduler fuses into its kernel is not written (`memory._kernel_local`: an
-    RMSNorm backward's product, SiLU's sigmoid): 3.48 MB, 1.51x; the model still writes no less than
-    Inductor anywhere."""
+    bench/results/cpu-2026-11-29-peak-planned (Qwen2 at 0.8: +6.3%)."""
     import transformers
     from torch._inductor import graph as inductor_graph, ir
     from colauto_backend import _torch_compat as compat
@@ -260,10 +257,7 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
 
     def run(gm, inputs, **kwargs):
         calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-        # the backward's recomputed values (the plan is published before its graphs are compiled)
-        recomputed = frozenset(ANALYSES[-1].recomputed) if kwargs.get("is_backward") else frozenset()
-        virtual = memory.fused_away_of(calls, set(list(gm.graph.nodes)[-1].all_input_nodes), cpu=True,
-                                       recomputed=recomputed)
+        virtual = memory.fused_away_of(calls, set(list(gm.graph.nodes)[-1].all_input_nodes), cpu=True)
         size = {n.name: sum(int(storage_nbytes(t)) for t in tensors_in(n.meta.get("val"))) for n in calls}
         memory_bound = {n.name for n in calls if memory._kind(n) == "memory"}
         modeled.append(({n.name for n in calls if n not in virtual} & memory_bound, memory_bound, size))
@@ -275,7 +269,7 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
         compiled(**kw).loss.backward()
     assert ANALYSES[-1].plan.recomputed
     assert len(modeled) == len(realized) == 2          # forward, backward
-    for bound, (written, memory_bound, size), inductor in zip((1.5, 1.55), modeled, realized):   # forward, backward
+    for bound, (written, memory_bound, size), inductor in zip((1.5, 1.7), modeled, realized):   # forward, backward
         inductor &= memory_bound
         assert inductor and not inductor - written, sorted(inductor - written)
         assert sum(size[n] for n in written) <= bound * sum(size[n] for n in inductor)

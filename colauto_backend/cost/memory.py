@@ -111,8 +111,7 @@ def fused_away(graph: fx.Graph, cpu: bool = False) -> set[fx.Node]:
     return fused_away_of(nodes, set(list(graph.nodes)[-1].all_input_nodes), cpu=cpu)
 
 
-def fused_away_of(nodes: list[fx.Node], returned: set, cpu: bool = False,
-                  recomputed: frozenset[str] = frozenset()) -> set[fx.Node]:
+def fused_away_of(nodes: list[fx.Node], returned: set, cpu: bool = False) -> set[fx.Node]:
     """`fused_away` for the graph that runs `nodes` (in an order Inductor could lower them in) and returns
     `returned` (a modeled partition's forward or backward, as nodes of the joint graph): only users among
     `nodes` are its readers. Each inlined node carries what its expression reads (the buffers, through
@@ -146,65 +145,7 @@ def fused_away_of(nodes: list[fx.Node], returned: set, cpu: bool = False,
         if len(reads) > acc_limit or ops > ops_limit:
             continue
         inlined[n] = (reads, body, heavy)
-    return set(inlined) | _kernel_local(nodes, members, kind, needed, set(inlined), cpu, recomputed)
-
-
-def _kernel_local(nodes: list[fx.Node], members: set, kind: dict, needed: dict, inlined: set,
-                  cpu: bool, recomputed: frozenset[str]) -> set[fx.Node]:
-    """Pointwise values the lowering realizes (several readers) whose every reader Inductor's
-    scheduler fuses into the kernel that computes them, so their buffer is local to that kernel
-    (`GraphLowering.removed_buffers`): every reader, through views, is a memory-bound op (pointwise or
-    reduction), at most REALIZE_READS of them, and none depends on the value through anything but
-    pointwise ops and views (a matmul or a reduction between two readers splits them into two kernels:
-    an RMSNorm's input, read by its square and by its product with the normalizing factor, is written). Seen on HF Qwen2 under a budget
-    (tests/test_remat_inductor.py): an RMSNorm backward's product read by its sum and its sub, SiLU's
-    sigmoid read by its two gradient terms. Not a recomputed value: under a plan its readers' kernels
-    may be kept apart (`compat._as_planned`'s fusion rule), and it is then written."""
-    pos = {n: i for i, n in enumerate(nodes)}
-    local = set()
-    for n in nodes:
-        if (kind[n] != "memory" or needed[n] or n in inlined or n.name in recomputed
-                or not _inlinable(n, cpu, members)):
-            continue
-        readers, views, stack = set(), {n}, [n]
-        while stack:
-            for u in stack.pop().users:
-                if u not in members:
-                    continue
-                if kind[u] == "view":
-                    views.add(u)
-                    stack.append(u)
-                else:
-                    readers.add(u)
-        if (not readers or len(readers) > REALIZE_READS or any(kind[r] != "memory" for r in readers)
-                or any(isinstance(r.meta.get("val"), (tuple, list)) for r in readers)):
-            continue
-        if not any(_through_extern(r, views, pos, kind) for r in readers):
-            local.add(n)
-    return local
-
-
-def _through_extern(reader: fx.Node, source: set, pos: dict, kind: dict, limit: int = 2000) -> bool:
-    """Whether `reader` reads `source` (a value and its views) also through another kernel: a path from
-    it back to `source` that passes an op Inductor does not lower as pointwise loops (a matmul,
-    collective, reduction or unknown op). Walks back only over nodes
-    after the value; past `limit` visits it says yes (the value then stays written)."""
-    start = min(pos[s] for s in source)
-    seen, stack = set(), [(a, False) for a in reader.all_input_nodes if a not in source]
-    while stack:
-        node, extern = stack.pop()
-        if (node, extern) in seen or node not in pos or pos[node] < start:
-            continue
-        seen.add((node, extern))
-        if len(seen) > limit:
-            return True
-        if node in source:
-            if extern:
-                return True
-            continue
-        extern = extern or kind[node] not in ("memory", "view") or not (kind[node] == "view" or _inlinable(node))
-        stack.extend((a, extern) for a in node.all_input_nodes)
-    return False
+    return set(inlined)
 
 
 def inductor_order(graph: fx.Graph, recomputed: frozenset[str]) -> list[fx.Node]:
@@ -337,8 +278,7 @@ class _Sim:
         nodes = inductor_order(graph, recomputed) if self.fused else list(graph.nodes)
         calls = [n for n in nodes if n.op == "call_function"]
         returned = set(list(graph.nodes)[-1].all_input_nodes)
-        self.virtual = fused_away_of(calls, returned, cpu=self.device.name == "cpu", recomputed=recomputed) \
-            if self.fused else set()
+        self.virtual = fused_away_of(calls, returned, cpu=self.device.name == "cpu") if self.fused else set()
         if self.fused:
             self.fused_names.update(n.name for n in kernel_fused_of(calls, returned, recomputed))
         return self.run_nodes([n for n in nodes if n.op not in ("placeholder", "output")],
@@ -834,8 +774,7 @@ def predict_partition(joint: fx.Graph, keep: dict[str, bool], *, num_fwd_outputs
         cpu = device.name == "cpu"
         fw_virtual = fused_away_of(fw_run, set(fw_outputs + saved_list), cpu=cpu)
         bw_run = inductor_order_of(bw_run, frozenset(n.name for n in recomputed))
-        bw_virtual = fused_away_of(bw_run, {g for g in grads if isinstance(g, fx.Node)}, cpu=cpu,
-                                   recomputed=frozenset(n.name for n in recomputed))
+        bw_virtual = fused_away_of(bw_run, {g for g in grads if isinstance(g, fx.Node)}, cpu=cpu)
 
     def run_fw(s: "_PeakSim", env: dict) -> list[list[int]]:
         s.virtual = fw_virtual
