@@ -202,7 +202,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         if cached:
             compilers = [compat.cacheable(c) for c in compilers]
             key = compat.compile_cache_keyed(plan_cache.compile_key(
-                (config.memory_budget, repr(device), config.optimizer, unresolved.codegen, unused)))
+                (config.memory_budget, repr(device), config.optimizer, unresolved.codegen, unused,
+                 sorted(config.planned_rules))))
         hits = compat.compile_cache_hits()
         with key:
             compiled = compat.aot_autograd(

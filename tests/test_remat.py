@@ -249,6 +249,7 @@ def test_second_launch_loads_the_compiled_step_from_torchs_cache(monkeypatch, tm
             (out.loss + out.logits.logsumexp(-1).mean()).backward()
         model.zero_grad(set_to_none=True)
         assert launch({"memory_budget": "0.5"})[1:] == (1, 0)     # another setting: another key
+        assert launch({"planned_rules": "reuse"})[1:] == (1, 0)   # (Inductor compiles a plan under them)
         monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
         assert launch({})[1:] == (1, 0)
     key = plan_cache.compile_key(("none",))
