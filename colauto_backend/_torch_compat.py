@@ -294,7 +294,7 @@ class RematCodegen:
     recomputation); `rules`, which of `_as_planned`'s rules apply (Config.planned_rules)."""
     recomputed: frozenset[str]
     needed_at: dict[str, int]
-    rules: frozenset[str] = frozenset(("fusion", "reuse"))
+    rules: frozenset[str]
 
 
 @contextlib.contextmanager
@@ -354,11 +354,11 @@ def _as_planned(remat: RematCodegen):
     import torch._inductor.config as inductor_config
     key = {"post_grad_custom_post_pass": _PlannedCacheKey(remat.rules)} \
         if inductor_config.post_grad_custom_post_pass is None else {}
-    original = getattr(wrapper.AllocateLine, "should_reuse_buffer", None) if "reuse" in remat.rules else None
+    original = None
     if "reuse" not in remat.rules:
         REUSE_KEPT["COLAUTO_PLANNED_RULES without reuse"] += 1
-    elif original is None:     # a torch without it: Inductor's reuse stays, counted
-        REUSE_KEPT["AllocateLine.should_reuse_buffer missing"] += 1
+    elif (original := getattr(wrapper.AllocateLine, "should_reuse_buffer", None)) is None:
+        REUSE_KEPT["AllocateLine.should_reuse_buffer missing"] += 1   # a torch without it: Inductor's reuse stays
     else:
         wrapper.AllocateLine.should_reuse_buffer = adjacent_only
     try:

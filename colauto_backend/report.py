@@ -426,7 +426,7 @@ def render_planned_rules(data: dict) -> str:
     return (f"colauto: Inductor compiled the plan's backward ({data['recomputed']} recomputed ops) with "
             f"COLAUTO_PLANNED_RULES={rules}: {data['fusions_refused']} horizontal fusions of a recomputation refused"
             + ("" if "reuse" not in data["rules"] else "; freed buffers reused only by the next kernel")
-            + (" (a graph from Inductor's cache refuses none: it was compiled under the same rules)"
+            + (" (none are counted where Inductor's cache served the graph, compiled under the same rules)"
                if data["fusions_refused"] == 0 and "fusion" in data["rules"] else ""))
 
 
