@@ -42,7 +42,9 @@ def test_a_rank_killed_once_by_a_signal_is_rerun_and_recorded(tmp_path):
 def test_a_second_crash_fails(tmp_path):
     proc, new = launch(tmp_path, ALWAYS_ABORT)
     assert proc.returncode != 0
-    assert len(new) == 1 and "it failed again" in new[0], new
+    assert len(new) == 1 and "it failed again (Signal 6 (SIGABRT)" in new[0], new
+    # faulthandler's report from the crashed rank, with the line that aborted, for both runs
+    assert new[0].count("Fatal Python error: Aborted") == 2 and "rank.py\", line 4" in new[0], new
 
 
 def test_an_error_exit_is_not_rerun(tmp_path):

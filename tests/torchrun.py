@@ -32,13 +32,32 @@ def torchrun(nproc: int, args: list[str], *, timeout: int, env: dict | None = No
     # faulthandler printed, is reported in the session's summary (conftest.py), never hidden; a second
     # crash fails the test.
     again = subprocess.run(cmd, cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=timeout)
-    outcome = "it passed on its second run" if again.returncode == 0 else "it failed again"
-    RETRIED.append(f"{' '.join(args[:2])}: {crash}; {outcome}\n{proc.stderr[-4000:]}")
+    second = _native_crash(again)
+    outcome = ("it passed on its second run" if again.returncode == 0
+               else f"it failed again ({second or 'not by a signal'})")
+    stacks = "\n".join(f"the crashed rank's Python stacks ({which} run):\n{fatal}"
+                       for which, p in (("first", proc), ("second", again)) for fatal in [_fatal_stacks(p.stderr)] if fatal)
+    RETRIED.append(f"{' '.join(args[:2])}: {crash}; {outcome}\n{stacks or proc.stderr[-4000:]}")
     return again
 
 
 # Launches whose first run crashed in native code (torchrun): conftest.py prints them at the session's end.
 RETRIED: list[str] = []
+
+
+def _fatal_stacks(stderr: str, lines: int = 80) -> str:
+    """What faulthandler printed for a rank killed by a signal ("Fatal Python error: Aborted" and every
+    thread's Python stack), the first such block up to the next line of another writer (torch's log, a
+    traceback, another rank's output), at most `lines` lines; "" if none."""
+    start = stderr.find("Fatal Python error:")
+    if start < 0:
+        return ""
+    block = []
+    for line in stderr[start:].splitlines()[:lines]:
+        if re.match(r"([WEI]\d{4} |Traceback|\[rank\d)", line):
+            break
+        block.append(line)
+    return "\n".join(block).rstrip()
 
 
 def _native_crash(proc: subprocess.CompletedProcess) -> str | None:
