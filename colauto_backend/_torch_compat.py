@@ -396,7 +396,7 @@ except OSError:   # installed without its .py sources
 
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
                       is_inference: bool = False, num_user_outputs: int | None = None,
-                      own_buckets: bool = False, own_gathers: bool = False,
+                      own_buckets: bool = False, own_gathers: bool = False, keep_order: bool = False,
                       remat: RematCodegen | None = None) -> Callable:
     """Hand an already-partitioned aten graph to Inductor's code generation (no re-partition).
     `num_user_outputs`: the Dynamo graph's outputs, whose strides Inductor keeps as eager's. A graph
@@ -406,7 +406,9 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
     (`parallel.overlap`); Inductor's all-reduce and reduce-scatter bucketing, which merges waits that
     sit side by side into one collective issued there, stays off. `own_gathers`: the graph's parameter
     all-gathers were moved ahead of their uses (`parallel.overlap.prefetch_gathers`); Inductor's
-    all-gather bucketing, which would wait for a whole bucket at its first use, stays off.
+    all-gather bucketing, which would wait for a whole bucket at its first use, stays off. `keep_order`:
+    the graph's collectives must each be waited before the next starts (gloo, `parallel.overlap`);
+    Inductor's compute/communication reordering stays off.
     `remat`: the recomputation of a graph colauto planned (`_as_planned`); None: compiled as torch.compile would."""
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
@@ -423,6 +425,8 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             passes.pop("bucket_reduce_scatters_fx", None)
         if own_gathers:
             passes.pop("bucket_all_gathers_fx", None)
+        if keep_order:
+            passes.pop("reorder_for_compute_comm_overlap", None)
         if _BUCKETING_VIEWS and _all_reduces_a_conv_gradient(gm):
             passes.pop("bucket_all_reduces_fx", None)
             UNBUCKETED["torch 2.11's bucketing views convolution gradients"] += 1

@@ -294,6 +294,7 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
                                           num_user_outputs=user_outputs,
                                           own_buckets=scheduled is not None and scheduled.waits_moved > 0,
                                           own_gathers=scheduled is not None and scheduled.gathers_prefetched > 0,
+                                          keep_order=scheduled is not None and scheduled.kept_in_order,
                                           remat=remat)
             if remat is not None and remat.recomputed:
                 report.emit_planned_rules({"recomputed": len(remat.recomputed), "rules": sorted(remat.rules),

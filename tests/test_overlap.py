@@ -92,7 +92,8 @@ def test_all_reduces_merge_into_buckets_of_the_cap_in_production_order(group):
     args = [torch.randn(s) for s in sizes]
     gm = _trace(step, *args)
     expected = step(*args)
-    assert overlap.schedule_collectives(_trace(step, *args)) == overlap.Scheduled("graph", 6, 6, 1)  # 25 MB: one
+    # keep_order=False: the passes as a GPU graph gets them (a CPU graph keeps its order: below)
+    assert overlap.schedule_collectives(_trace(step, *args), keep_order=False) == overlap.Scheduled("graph", 6, 6, 1)  # 25 MB: one
     assert overlap.sink_waits(gm) == len(sizes)
     # by hand: 16384 + 32 < cap, + 2048 reaches it -> a bucket of 3; 16384 + 60 reaches it -> a bucket of 2;
     # the 400 bytes left alone stay one all-reduce
@@ -185,6 +186,23 @@ def test_a_gather_larger_than_the_cap_or_of_computed_values_stays(group):
 def test_schedule_collectives_reports_prefetched_gathers(group):
     step, args = _gather_step(group, (8, 8), (8, 8), (8, 8))
     gm = _trace(step, *args)
+    assert overlap.schedule_collectives(gm, "forward", keep_order=False) == overlap.Scheduled("forward", 0, 0, 0, 2)
+
+
+def test_collectives_on_cpu_tensors_keep_their_order_and_are_counted(group):
+    """On CPU (gloo) nothing moves: two all-gathers of one gloo group in flight at once corrupt the heap
+    (bench/gloo_race.py). The same graphs as above, which move on any other device, are left as traced."""
+    step, args = _gather_step(group, (8, 8), (8, 8), (8, 8))
+    gm = _trace(step, *args)
+    code, kept = gm.code, overlap.KEPT["forward"]
+    assert overlap.on_cpu(gm)
+    assert overlap.schedule_collectives(gm, "forward") == overlap.Scheduled("forward", 0, 0, 0, 0, kept_in_order=True)
+    assert gm.code == code and overlap.KEPT["forward"] == kept + 1
+    # and on another device's tensors (the same graph with its values moved to meta) the passes run
+    for node in gm.graph.nodes:
+        if isinstance(node.meta.get("val"), torch.Tensor):
+            node.meta["val"] = torch.empty_like(node.meta["val"], device="meta")
+    assert not overlap.on_cpu(gm)
     assert overlap.schedule_collectives(gm, "forward") == overlap.Scheduled("forward", 0, 0, 0, 2)
 
 

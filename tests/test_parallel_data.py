@@ -189,9 +189,11 @@ def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
     runs = [*TP_2, SHARDED_UNDER_BUDGET, SHARDED_UNDER_BUDGET + "+inductor", TP_REFUSED]
     results = launch(tmp_path, 2, runs)
     check(results, runs, expected_errors=(TP_REFUSED,))
-    # the sharded plan's parameter gathers were issued ahead of their use (parallel.overlap.prefetch_gathers)
+    # on CPU (gloo) the sharded plan's parameter gathers stay where they were traced, each waited before
+    # the next collective (parallel.overlap: gloo corrupts the heap with two all-gathers of one group in
+    # flight); the prefetch itself is tested on graphs in tests/test_overlap.py
     sharded = [r for res in results for r in res if r["run"].startswith(SHARDED_UNDER_BUDGET)]
-    assert sharded and all(r["gathers_prefetched"] > 0 for r in sharded), sharded
+    assert sharded and all(r["gathers_prefetched"] == 0 and r["graphs_kept_in_order"] > 0 for r in sharded), sharded
     # a tp graph whose logits are DTensors keeps their gradient, counted (output_grads.decide)
     assert any(r.get("grads_kept", {}).get("DTensor outputs (tensor parallelism)") for res in results for r in res)
     for err in errors_of(results, TP_REFUSED):

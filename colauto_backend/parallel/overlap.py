@@ -24,6 +24,16 @@ Llama-3-8B at T=8192 under fsdp=4: 13 bucketed gathers, ~70 ms a step with no co
 Each is now issued up to PREFETCH_BYTES of gathers ahead of its use (FSDP2 prefetches one layer), its
 wait left where it was; Inductor's all-gather bucketing, which would merge the early gathers into one
 waited at the first use, stays off where this pass moved any.
+
+On CPU tensors (the gloo backend) none of this runs: each collective stays where DTensor traced it, waited
+before the next one starts (`schedule_collectives`' `keep_order`). ProcessGroupGloo runs a group's
+collectives on two worker threads, and two all-gathers of one group finishing at once corrupt the heap
+(glibc's "malloc(): unaligned tcache chunk detected", SIGABRT): torch 2.13's `runLoop` writes the
+group's status (`lastCompletedWorkName`, a heap string for "ALLGATHER_COALESCED") outside its lock.
+`python -m bench.gloo_race` reproduces it without colauto: 64 all-gathers in flight on one group of
+4 ranks abort within minutes, the same all-gathers each waited before the next run clean, and so do
+all-reduces in flight (their name fits the string's inline buffer: no heap write). Prefetched
+gathers took 1 in 32 of the 4-rank fsdp=2,tp=2 test runs down this way (CI failed on it twice in a row).
 """
 from __future__ import annotations
 
@@ -37,6 +47,7 @@ from .. import _torch_compat as compat
 from .. import counters
 
 SUNK = counters.counter("collective waits moved to the end of their graph (overlapping compute)")
+KEPT = counters.counter("graphs whose collectives keep their traced order (CPU tensors: gloo)")
 WAIT = torch.ops._c10d_functional.wait_tensor.default
 ALL_REDUCE = torch.ops._c10d_functional.all_reduce.default
 ALL_GATHER = torch.ops._c10d_functional.all_gather_into_tensor.default
@@ -184,12 +195,29 @@ class Scheduled:
     all_reduces_bucketed: int
     buckets: int
     gathers_prefetched: int = 0
+    kept_in_order: bool = False    # CPU tensors (gloo): nothing moved, and Inductor reorders nothing either
 
 
-def schedule_collectives(gm: fx.GraphModule, kind: str = "graph") -> Scheduled | None:
+def on_cpu(gm: fx.GraphModule) -> bool:
+    """Whether `gm` has a collective on CPU tensors (which run on the gloo backend)."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if _starts_collective(node) and isinstance(val, torch.Tensor) and val.device.type == "cpu":
+            return True
+    return False
+
+
+def schedule_collectives(gm: fx.GraphModule, kind: str = "graph", *, keep_order: bool | None = None) -> Scheduled | None:
     """`prefetch_gathers`, `sink_waits`, then `bucket_all_reduces`; None where nothing moved (the graph
     keeps Inductor's bucketing), else what changed (where waits moved, the graph has its own all-reduce
-    buckets and Inductor's must stay off; where gathers moved, Inductor's gather bucketing)."""
+    buckets and Inductor's must stay off; where gathers moved, Inductor's gather bucketing).
+    `keep_order` (None: `on_cpu(gm)`, see the module docstring): nothing moves, and the result, counted
+    in KEPT, says so (Inductor's compute/communication reordering must stay off too)."""
+    if on_cpu(gm) if keep_order is None else keep_order:
+        if not any(_starts_collective(n) for n in gm.graph.nodes):
+            return None
+        KEPT[kind] += 1
+        return Scheduled(kind, 0, 0, 0, 0, kept_in_order=True)
     prefetched = prefetch_gathers(gm)
     moved = sink_waits(gm)
     if not moved and not prefetched:

@@ -64,7 +64,7 @@ def run(spec: str, args) -> dict:
     torch._dynamo.reset()
     ANALYSES.clear()
     PLANS.clear()
-    prefetched = overlap.SUNK["gathers prefetched"]
+    prefetched, kept_in_order = overlap.SUNK["gathers prefetched"], sum(overlap.KEPT.values())
     specialized, kept = sum(output_grads.SPECIALIZED.values()), dict(output_grads.KEPT)
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
@@ -113,6 +113,7 @@ def run(spec: str, args) -> dict:
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
            "chained_all_reduces": chained_all_reduces(),
            "gathers_prefetched": overlap.SUNK["gathers prefetched"] - prefetched,
+           "graphs_kept_in_order": sum(overlap.KEPT.values()) - kept_in_order,
            # backward graphs compiled without the logits' gradient, and why others kept every output's
            "grads_skipped": sum(output_grads.SPECIALIZED.values()) - specialized,
            "grads_kept": {k: v - kept.get(k, 0) for k, v in output_grads.KEPT.items() if v > kept.get(k, 0)},
