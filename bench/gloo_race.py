@@ -82,7 +82,7 @@ def main() -> None:
         proc.terminate()
         out, err = proc.communicate(timeout=120)
         crashed = False
-    signal = re.search(r"Signal (\d+) \(SIG\w+\)", err)
+    signal = re.search(r"Signal (6|7|11) \(SIG\w+\)", err) or re.search(r"Signal \d+ \(SIG\w+\)", err)   # the rank that died first
     glibc = re.search(r"^(malloc\(\)|free\(\)|double free|corrupted|malloc_consolidate\(\))[^\n]*", err, re.M)
     rounds = re.findall(r"ROUNDS (\d+)", out)
     print(json.dumps({"mode": args.mode, "ranks": args.ranks, "collectives_in_flight": 1 if args.mode == "serial" else len(SHAPES),

@@ -27,13 +27,14 @@ waited at the first use, stays off where this pass moved any.
 
 On CPU tensors (the gloo backend) none of this runs: each collective stays where DTensor traced it, waited
 before the next one starts (`schedule_collectives`' `keep_order`). ProcessGroupGloo runs a group's
-collectives on two worker threads, and two all-gathers of one group finishing at once corrupt the heap
-(glibc's "malloc(): unaligned tcache chunk detected", SIGABRT): torch 2.13's `runLoop` writes the
-group's status (`lastCompletedWorkName`, a heap string for "ALLGATHER_COALESCED") outside its lock.
-`python -m bench.gloo_race` reproduces it without colauto: 64 all-gathers in flight on one group of
-4 ranks abort within minutes, the same all-gathers each waited before the next run clean, and so do
-all-reduces in flight (their name fits the string's inline buffer: no heap write). Prefetched
-gathers took 1 in 32 of the 4-rank fsdp=2,tp=2 test runs down this way (CI failed on it twice in a row).
+collectives on two worker threads, and several all-gathers of one group in flight corrupt the heap
+(glibc's "malloc(): unaligned tcache chunk detected", SIGABRT). `python -m bench.gloo_race` reproduces
+it without colauto: 64 all-gathers in flight on one group of 4 ranks aborted within 100-280 s, the same
+all-gathers each waited before the next ran 240 s clean, and so did 64 all-reduces in flight
+(bench/results/cpu-2026-12-02-gloo-race/). The likely cause, from ProcessGroupGloo's source: `runLoop`
+writes the group's status (`lastCompletedWorkName`, a heap string for "ALLGATHER_COALESCED") outside
+its lock; "ALLREDUCE" fits the string's inline buffer. Prefetched gathers took 1 in 32 of the 4-rank
+fsdp=2,tp=2 test runs down this way (CI failed on it twice in a row).
 """
 from __future__ import annotations
 
