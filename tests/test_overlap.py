@@ -198,6 +198,12 @@ def test_collectives_on_cpu_tensors_keep_their_order_and_are_counted(group):
     assert overlap.on_cpu(gm)
     assert overlap.schedule_collectives(gm, "forward") == overlap.Scheduled("forward", 0, 0, 0, 0, kept_in_order=True)
     assert gm.code == code and overlap.KEPT["forward"] == kept + 1
+    # collectives with no recorded value (a pass that added them without one): the inputs' device decides
+    starts = [n for n in gm.graph.nodes if n.target is c10d.all_gather_into_tensor.default]
+    saved = [n.meta.pop("val") for n in starts]
+    assert overlap.on_cpu(gm)
+    for n, v in zip(starts, saved):
+        n.meta["val"] = v
     # and on another device's tensors (the same graph with its values moved to meta) the passes run
     for node in gm.graph.nodes:
         if isinstance(node.meta.get("val"), torch.Tensor):

@@ -200,12 +200,12 @@ class Scheduled:
 
 
 def on_cpu(gm: fx.GraphModule) -> bool:
-    """Whether `gm` has a collective on CPU tensors (which run on the gloo backend)."""
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if _starts_collective(node) and isinstance(val, torch.Tensor) and val.device.type == "cpu":
-            return True
-    return False
+    """Whether `gm`'s collectives run on CPU tensors (the gloo backend): read from their values, or where
+    none has one, from the graph's first tensor input."""
+    vals = [n.meta.get("val") for n in gm.graph.nodes if _starts_collective(n)]
+    vals = [v for v in vals if isinstance(v, torch.Tensor)] or [
+        v for n in gm.graph.find_nodes(op="placeholder") if isinstance(v := n.meta.get("val"), torch.Tensor)][:1]
+    return any(v.device.type == "cpu" for v in vals)
 
 
 def schedule_collectives(gm: fx.GraphModule, kind: str = "graph", *, keep_order: bool | None = None) -> Scheduled | None:
