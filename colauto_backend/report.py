@@ -401,8 +401,8 @@ def emit_fusion(data: dict, setting: str | None) -> None:
 
 def render_collectives(data: dict) -> str:
     if data.get("kept_in_order"):
-        return (f"colauto collectives ({data['graph']}): kept in their traced order, each waited before the next "
-                "starts (CPU tensors: gloo's worker threads corrupt the heap when two collectives of one group "
+        return (f"colauto collectives ({data['graph']}): kept in their traced order, each waited where DTensor "
+                "traced its wait (CPU tensors: gloo's worker threads corrupt the heap when two collectives of one group "
                 "finish at once; see parallel/overlap.py)")
     return (f"colauto collectives ({data['graph']}): {data['waits_moved']} waits moved to the graph's end, so their "
             f"collectives overlap the compute after them; {data['all_reduces_bucketed']} all-reduces merged into "
