@@ -208,7 +208,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         with key:
             compiled = compat.aot_autograd(
                 fw_compiler=compilers[0], bw_compiler=compilers[1], inference_compiler=compilers[2],
-                partition_fn=partition,
+                partition_fn=planner.gc_paused(partition),
                 decompositions=_decompositions(config, inductor_rest),
             )(gm, example_inputs)
         if compat.compile_cache_hits() > hits:

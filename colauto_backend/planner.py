@@ -37,6 +37,8 @@ is not, a model miss or the bisection can pass over a fitting candidate, so a sm
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import math
 import time
 from typing import Any, Callable
@@ -102,6 +104,24 @@ class Plan:
         return dataclasses.asdict(self)
 
 
+def gc_paused(fn: Callable) -> Callable:
+    """`fn` with Python's cyclic garbage collector off while it runs (and back on after, if it was on).
+    Partitioning and planning allocate many small objects while the traced graphs and fake tensors fill
+    the heap, so each full collection scans all of those: planning HF Qwen2 at its bench shape (24
+    layers, B8 x T1024, under 17.7 GiB for an H200, codegen inductor) took 6.9 s with the collector on
+    and 3.4 s with it off on a 2-core CPU. What the stage leaves unreachable is collected after it."""
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+    return paused
+
+
 def resolve_budget(setting: tuple[str, float] | None, device_bytes: int) -> int | None:
     """Config's parsed COLAUTO_MEMORY_BUDGET -> bytes (None: no budget). Default: the device's memory."""
     if setting is None:
@@ -149,6 +169,7 @@ class Planner:
         # forward nodes backward reads, through views, and the view nodes' names (_least_time)
         self._read_by_backward: tuple[list[fx.Node], set[str]] | None = None
 
+    @gc_paused
     def plan(self, budget: int | None, partition: bool = True) -> tuple[Plan, tuple | None, Analysis]:
         """(plan, (fw, bw) or None where the unplanned partition fits, analysis of the chosen partition).
         partition=False (explain): a modeled plan is described as the model predicts it, not partitioned,
