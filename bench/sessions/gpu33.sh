@@ -9,7 +9,7 @@ R=/tmp/r33; rm -rf $R; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 echo "${COMMIT:-unknown}" > $R/commit.txt; nvidia-smi -L > $R/cards.txt
 for mode in ${MODES:-inductor colauto}; do
   env TORCHINDUCTOR_CACHE_DIR=/tmp/c33/$mode/inductor COLAUTO_CACHE_DIR=/tmp/c33/$mode/colauto TRITON_CACHE_DIR=/tmp/c33/$mode/triton \
-      timeout -k 5 ${STEP_S:-250} python bench/sessions/first_step_profile.py $mode ${MODEL:-qwen2} $R > $R/$mode.log 2>&1
+      PYTHONPATH=$PWD timeout -k 5 ${STEP_S:-250} python bench/sessions/first_step_profile.py $mode ${MODEL:-qwen2} $R > $R/$mode.log 2>&1
   echo "== $mode: rc $?"; tail -3 $R/$mode.log
 done
 tar czf $OUT/r33.tgz -C $R .
