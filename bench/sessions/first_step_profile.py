@@ -5,6 +5,8 @@ import time
 
 import torch
 
+import colauto_backend  # noqa: F401  (registers backend="colauto" where the package is not installed)
+
 from examples.hf_zoo import build_hf
 
 mode, name, out = sys.argv[1:4]
