@@ -5,7 +5,7 @@ import time
 
 import torch
 
-import colauto_backend  # noqa: F401  (registers backend="colauto" where the package is not installed)
+import colauto_backend  # backend=colauto_backend.colauto: the device copy is not pip-installed (no entry point)
 
 from examples.hf_zoo import build_hf
 
@@ -16,7 +16,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 prof = cProfile.Profile()
 t0 = time.perf_counter()
 prof.enable()
-fn = torch.compile(model) if mode == "inductor" else torch.compile(model, backend="colauto")
+fn = torch.compile(model) if mode == "inductor" else torch.compile(model, backend=colauto_backend.colauto)
 with torch.autocast("cuda", torch.bfloat16):
     loss = fn(**batch).loss
 loss.backward()
