@@ -85,3 +85,86 @@ def test_dp_equals_brute_force_on_a_real_graph(shape):
 def test_problem_rejects_a_node_reading_a_later_one():
     with pytest.raises(ValueError, match="not before it"):
         RematProblem((1, 1), (1.0, 1.0), ((1,), ()), (True, True), (True, True), (True, True))
+
+
+def reference_frontier(p: RematProblem) -> list[tuple[int, float]]:
+    """The same DP written plainly (state -> {memory: least time}, no arrays, no pruning): a reference for
+    problems too large to enumerate."""
+    values: dict[frozenset, dict[int, float]] = {frozenset(): {0: 0.0}}
+    for j in range(len(p.size) - 1, -1, -1):
+        new: dict[frozenset, dict[int, float]] = {}
+
+        def offer(state, m, t):
+            row = new.setdefault(state, {})
+            row[m] = min(row.get(m, float("inf")), t)
+        for state, row in values.items():
+            rest = state - {j}
+            for m, t in row.items():
+                if not (p.needed[j] or j in state):
+                    offer(rest, m, t)
+                    continue
+                if p.can_keep[j]:
+                    offer(rest, m + p.size[j], t + p.keep_time[j])
+                if p.can_recompute[j]:
+                    offer(rest | frozenset(p.inputs[j]), m, t + p.time[j])
+        values = new
+    points, least = [], float("inf")
+    for m, t in sorted(values.get(frozenset(), {}).items()):
+        if t < least:
+            least = t
+            points.append((m, t))
+    return points
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dp_equals_a_plain_reference_where_states_outnumber_a_byte(seed):
+    """Many pending sets at once (back-pointers past int8), long value arrays with dominated entries
+    (keeping costs time here, so keeping more is not always better): the frontier and each point's
+    decisions equal the plain DP's."""
+    rng = random.Random(seed)
+    n = 30                     # 176-244 states at once for these seeds
+    p = RematProblem(
+        size=tuple(rng.randint(0, 6) for _ in range(n)),
+        time=tuple(float(rng.randint(1, 9)) for _ in range(n)),
+        inputs=tuple(tuple(sorted(rng.sample(range(i), k=min(i, rng.randint(1, 3))))) for i in range(n)),
+        needed=tuple(rng.random() < 0.6 for _ in range(n)),
+        can_keep=tuple(rng.random() < 0.95 for _ in range(n)),
+        can_recompute=tuple(rng.random() < 0.95 for _ in range(n)),
+        keep_time=tuple(float(rng.randint(0, 4)) for _ in range(n)))
+    frontier = solve(p)
+    assert max(len(before) for before, _ in frontier._back) >= 128, "the problem no longer exercises int16 back-pointers"
+    expected = reference_frontier(p)
+    assert frontier.memory.tolist() == [m for m, _ in expected]
+    assert frontier.time.tolist() == pytest.approx([t for _, t in expected])
+    for k, (m, t) in enumerate(zip(frontier.memory.tolist(), frontier.time.tolist())):
+        memory, seconds = evaluate(p, frontier.keep(k))
+        assert memory == m and seconds == pytest.approx(t)
+
+
+def test_planning_pauses_the_collector_and_restores_it():
+    """`planner.gc_paused`: the collector is off inside (planning allocates many small objects beside a
+    heap full of traced graphs), back on after a return and after an exception, and left off if it was off."""
+    import gc
+
+    from colauto_backend import planner
+    seen = []
+
+    @planner.gc_paused
+    def work(fail=False):
+        seen.append(gc.isenabled())
+        if fail:
+            raise RuntimeError("planning failed")
+        return 7
+    assert gc.isenabled()
+    assert work() == 7 and seen == [False] and gc.isenabled()
+    with pytest.raises(RuntimeError, match="planning failed"):
+        work(fail=True)
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        work()
+        assert seen[-1] is False and not gc.isenabled()
+    finally:
+        gc.enable()
+    # the planner's entry point is wrapped the same way
+    assert planner.Planner.plan.__code__ is work.__code__
