@@ -132,7 +132,8 @@ def test_dp_equals_a_plain_reference_where_states_outnumber_a_byte(seed):
         can_recompute=tuple(rng.random() < 0.95 for _ in range(n)),
         keep_time=tuple(float(rng.randint(0, 4)) for _ in range(n)))
     frontier = solve(p)
-    assert max(len(before) for before, _ in frontier._back) >= 128, "the problem no longer exercises int16 back-pointers"
+    states = max(len(before) for before, _ in frontier._back)
+    assert states >= 128, "the problem no longer exercises int16 back-pointers"
     expected = reference_frontier(p)
     assert frontier.memory.tolist() == [m for m, _ in expected]
     assert frontier.time.tolist() == pytest.approx([t for _, t in expected])

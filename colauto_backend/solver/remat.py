@@ -87,13 +87,12 @@ class Frontier:
 
 def solve(p: RematProblem) -> Frontier:
     """The exact Pareto frontier of (kept memory, recompute time) by the DP in the module docstring.
-    A value array covers only the memory units its state can reach (it grows by each kept node's size;
-    units past its end are unreachable, infinite time), so a node that adds nothing to a state copies
-    nothing; and within a state only its own Pareto points are kept (a value no lower than one at
-    less memory stays dominated whatever follows), which cut HF Pythia-410M's arrays from 1,180
-    units on average to the few hundred its frontier spans. Back-pointers are stored in the smallest integer type that holds them: on HF Qwen2 at its
-    bench shape (2,321 nodes, 4,105 units) they were 523 MB as int64, and filling that memory was most
-    of the solve time."""
+    A state's value array ends at its last own Pareto point: units past it are unreachable or dominated
+    (infinite time), and so is any entry no lower than one at less memory, which stays dominated whatever
+    follows. So a node that adds nothing to a state copies nothing, and HF Pythia-410M's arrays average a
+    few hundred units, not 1,180. Back-pointers take the smallest integer type that holds them: on HF
+    Qwen2 at its bench shape (2,321 nodes, 4,105 units) they were 523 MB as int64, and filling that memory
+    was most of the solve time."""
     n = len(p.size)
     values: dict[frozenset, np.ndarray] = {frozenset(): np.zeros(1)}
     back: list = [None] * n
