@@ -39,15 +39,18 @@ def check_against_brute_force(p: RematProblem) -> None:
         assert memory == m and seconds == pytest.approx(t)
 
 
-def random_problem(rng: random.Random, n: int) -> RematProblem:
+def random_problem(rng: random.Random, n: int, largest: int = 5, least_inputs: int = 0, needed: float = 0.5,
+                   allowed: float = 0.85, keep_costs: bool | None = None) -> RematProblem:
+    """`keep_costs`: whether keeping costs time (None: a coin decides)."""
     return RematProblem(
-        size=tuple(rng.randint(0, 5) for _ in range(n)),
+        size=tuple(rng.randint(0, largest) for _ in range(n)),
         time=tuple(float(rng.randint(1, 9)) for _ in range(n)),
-        inputs=tuple(tuple(sorted(rng.sample(range(i), k=min(i, rng.randint(0, 3))))) for i in range(n)),
-        needed=tuple(rng.random() < 0.5 for _ in range(n)),
-        can_keep=tuple(rng.random() < 0.85 for _ in range(n)),
-        can_recompute=tuple(rng.random() < 0.85 for _ in range(n)),
-        keep_time=tuple(float(rng.randint(0, 3)) for _ in range(n)) if rng.random() < 0.5 else ())
+        inputs=tuple(tuple(sorted(rng.sample(range(i), k=min(i, rng.randint(least_inputs, 3))))) for i in range(n)),
+        needed=tuple(rng.random() < needed for _ in range(n)),
+        can_keep=tuple(rng.random() < allowed for _ in range(n)),
+        can_recompute=tuple(rng.random() < allowed for _ in range(n)),
+        keep_time=tuple(float(rng.randint(0, 3)) for _ in range(n))
+        if (rng.random() < 0.5 if keep_costs is None else keep_costs) else ())
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -120,17 +123,8 @@ def reference_frontier(p: RematProblem) -> list[tuple[int, float]]:
 def test_dp_equals_a_plain_reference_where_states_outnumber_a_byte(seed):
     """Many pending sets at once (back-pointers past int8), long value arrays with dominated entries
     (keeping costs time here, so keeping more is not always better): the frontier and each point's
-    decisions equal the plain DP's."""
-    rng = random.Random(seed)
-    n = 30                     # 176-244 states at once for these seeds
-    p = RematProblem(
-        size=tuple(rng.randint(0, 6) for _ in range(n)),
-        time=tuple(float(rng.randint(1, 9)) for _ in range(n)),
-        inputs=tuple(tuple(sorted(rng.sample(range(i), k=min(i, rng.randint(1, 3))))) for i in range(n)),
-        needed=tuple(rng.random() < 0.6 for _ in range(n)),
-        can_keep=tuple(rng.random() < 0.95 for _ in range(n)),
-        can_recompute=tuple(rng.random() < 0.95 for _ in range(n)),
-        keep_time=tuple(float(rng.randint(0, 4)) for _ in range(n)))
+    decisions equal the plain DP's (176-244 states at once for these seeds)."""
+    p = random_problem(random.Random(seed), 30, largest=6, least_inputs=1, needed=0.6, allowed=0.95, keep_costs=True)
     frontier = solve(p)
     states = max(len(before) for before, _ in frontier._back)
     assert states >= 128, "the problem no longer exercises int16 back-pointers"
