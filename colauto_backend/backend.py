@@ -39,7 +39,10 @@ def colauto(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Ca
 
 def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None) -> Callable:
     """A backend closure for one Config. `on_analysis` is told each analysis (profile() uses it).
-    On several ranks the distributed path plans and shards first, then compiles local graphs."""
+    On several ranks the distributed path plans and shards first, then compiles local graphs. The
+    garbage collector is paused while it runs (`planner.gc_paused`): tracing, planning and Inductor's
+    compile fill the heap with graphs and fake tensors that each full collection would scan."""
+    @planner.gc_paused
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         resolved = cfg.resolve_codegen(config, example_inputs)
         if parallel_entry.active(resolved):
@@ -190,8 +193,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
         codegen = _codegen(config, compat.num_outputs(gm), inductor_rest, recomputing)
-        compilers = [functools.partial(codegen, is_backward=False), functools.partial(codegen, is_backward=True),
-                     inference]
+        # the backward may be compiled at its first run, outside this call: paused there too
+        compilers = [planner.gc_paused(c) for c in (functools.partial(codegen, is_backward=False),
+                                                     functools.partial(codegen, is_backward=True), inference)]
         # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
         # profile, which need the partition to run; not for CUDA-graph wrappers; not on several ranks,
         # where the graphs hold collectives or DTensors and the cache is untested)

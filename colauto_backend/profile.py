@@ -111,7 +111,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
     compiled = torch.compile(model, backend=local_backend(config, on_analysis=stop), fullgraph=True)
     on_meta = meta.on_meta(*example_inputs, *kwargs.values(), next(model.parameters(), None))
     try:
-        with compat.no_duck_sizing(), meta.gpu_attention(on_meta), warnings.catch_warnings(record=True) as seen:
+        with compat.no_duck_sizing(), meta.gpu_attention(on_meta), planner.gc_off(), \
+                warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             compiled(*example_inputs, **kwargs)   # stops inside the backend once the analysis exists
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else

@@ -163,3 +163,33 @@ def test_planning_pauses_the_collector_and_restores_it():
         gc.enable()
     # the planner's entry point is wrapped the same way
     assert planner.Planner.plan.__code__ is work.__code__
+
+
+def test_compiling_runs_with_the_collector_paused(monkeypatch):
+    """The whole backend call and each graph's code generation (the backward's too, which AOTAutograd may
+    compile at the first backward, outside the backend call) run with the collector off; it is back on for
+    the training step itself."""
+    import gc
+
+    from colauto_backend import backend as colauto_backend_module
+    seen = {}
+    real = colauto_backend_module.compat.run_as_aten
+
+    def recording(gm, inputs):
+        kind = "backward" if any(n.name.startswith("tangents") for n in gm.graph.nodes if n.op == "placeholder") \
+            else "forward"
+        seen[kind] = gc.isenabled()
+        return real(gm, inputs)
+    monkeypatch.setattr(colauto_backend_module.compat, "run_as_aten", recording)
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    step = torch.compile(model, backend="colauto", options={"codegen": "aten"})
+    x = torch.randn(4, 8)
+    step(x).sum().backward()
+    assert gc.isenabled()
+    assert seen == {"forward": False, "backward": False}
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()   # the compiled step computed eager's gradients
+    for p, g in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, g)

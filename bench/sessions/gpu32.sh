@@ -5,6 +5,8 @@
 #   inductor         plain torch.compile
 #   colauto          backend="colauto", no options (no budget: the default)
 #   colauto-budget   COLAUTO_MEMORY_BUDGET = the budget given (80% of Inductor's measured peak)
+#   colauto-gcon, colauto-budget-gcon   the same with colauto's garbage-collector pause undone
+#                    (bench/sessions/gc_on/sitecustomize.py; added in session 23)
 # MODELS: model=budget pairs, space-separated. RUNS: the modes run for each, in order (default "inductor colauto
 # colauto-budget"; a mode may repeat: its folders are numbered). LIMIT: seconds for the whole call (default 570). One tar: $OUT/r32.tgz.
 set -u
@@ -17,7 +19,8 @@ for mb in ${MODELS:-hf/qwen2:bench:8:1024=17.7GiB hf/gpt_neox:bench:8:1024=11.8G
   i=0
   for mode in ${RUNS:-inductor colauto colauto-budget}; do
     i=$((i + 1)); d=$R/$name-$mode; [ -e $d ] && d=$d-$i; mkdir -p $d; benchmode=$mode; extra=""
-    [ $mode = colauto-budget ] && benchmode=colauto extra="COLAUTO_MEMORY_BUDGET=$budget"
+    case $mode in colauto-budget*) benchmode=colauto extra="COLAUTO_MEMORY_BUDGET=$budget";; esac
+    case $mode in *-gcon) benchmode=colauto extra="$extra PYTHONPATH=$PWD/bench/sessions/gc_on:$PWD";; esac
     left=$(( ${LIMIT:-570} - ($(date +%s) - T0) )); [ $left -lt 20 ] && { echo "== $name $mode: no time left"; continue; }
     env TORCHINDUCTOR_CACHE_DIR=/tmp/c32/$name-$mode-$i/inductor COLAUTO_CACHE_DIR=/tmp/c32/$name-$mode-$i/colauto \
         TRITON_CACHE_DIR=/tmp/c32/$name-$mode-$i/triton $extra \

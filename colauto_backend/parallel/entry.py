@@ -284,7 +284,8 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
     on_meta = meta.on_meta(*example_inputs, *(kwargs or {}).values(), next(model.parameters(), None))
     progress.say("capturing the training step (Dynamo)")
     try:
-        with meta.gpu_attention(on_meta):     # a meta model: attention as a GPU runs it
+        # a meta model: attention as a GPU runs it; the collector paused over Dynamo's trace too
+        with meta.gpu_attention(on_meta), planner.gc_off():
             torch.compile(model, backend=backend, fullgraph=True)(*example_inputs, **(kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         inner = compat.unwrap_backend_error(exc)
