@@ -193,9 +193,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
         codegen = _codegen(config, compat.num_outputs(gm), inductor_rest, recomputing)
-        # the backward may be compiled at its first run, outside this call: paused there too
-        compilers = [planner.gc_paused(c) for c in (functools.partial(codegen, is_backward=False),
-                                                     functools.partial(codegen, is_backward=True), inference)]
+        # the backward may be compiled at its first run, outside the (paused) backend call: paused there too
+        compilers = [functools.partial(codegen, is_backward=False),
+                     planner.gc_paused(functools.partial(codegen, is_backward=True)), inference]
         # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
         # profile, which need the partition to run; not for CUDA-graph wrappers; not on several ranks,
         # where the graphs hold collectives or DTensors and the cache is untested)
@@ -212,7 +212,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         with key:
             compiled = compat.aot_autograd(
                 fw_compiler=compilers[0], bw_compiler=compilers[1], inference_compiler=compilers[2],
-                partition_fn=planner.gc_paused(partition),
+                partition_fn=partition,
                 decompositions=_decompositions(config, inductor_rest),
             )(gm, example_inputs)
         if compat.compile_cache_hits() > hits:
