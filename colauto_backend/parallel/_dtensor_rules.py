@@ -5,7 +5,8 @@ ops of an aten graph it has no rule for (`uncovered`), and the rule colauto give
 outputs Replicate), a redistributed local tensor laid out as its global strides say
 (`keep_local_layout`), CPU flash attention sharded on batch or heads (`shard_cpu_attention`: DTensor has no
 rule), masks of CUDA's fused attention placed by their shape (`shard_attention_masks`), and
-padding sharded along the dims it leaves alone (`shard_padding`, torch 2.11's rule is a one-dim stub). The one place colauto reads DTensor's private sharding-propagation registries and
+padding sharded along the dims it leaves alone (`shard_padding`, torch 2.11's rule is a one-dim stub), and
+BatchNorm run on each rank's part of the batch (`batch_norm_per_rank`). The one place colauto reads DTensor's private sharding-propagation registries and
 redistribution (torch 2.11-2.13); a torch upgrade edits this file."""
 from __future__ import annotations
 
@@ -146,17 +147,97 @@ def _specs(d: SimpleNamespace, schema) -> list:
     return [s for s in pytree.tree_leaves((schema.args_schema, schema.kwargs_schema)) if isinstance(s, d.Spec)]
 
 
-# Ops that DTensor has a rule for but with which tensor parallelism trains wrong: HF ResNet (BatchNorm,
-# then convolutions) under tp=2 on gloo gave losses 2.101 / 1.946 where its ranks' micro-batches give
-# 2.056 / 1.930 (dp, fsdp: exact). The op at fault is not found (guarding the convolution handlers'
-# inputs changed nothing), so a graph with BatchNorm is refused under tp, loudly, rather than trained wrong.
-UNTRUSTED = (torch.ops.aten._native_batch_norm_legit_functional.default,
-             torch.ops.aten.native_batch_norm_backward.default)
+# BatchNorm's training ops (the graph's functional one, and those DTensor sees while the model is traced)
+# and its backward, which `batch_norm_per_rank` runs on each rank's own part of the batch
+_BATCH_NORM = ("aten._native_batch_norm_legit.default", "aten._native_batch_norm_legit.no_stats",
+               "aten._native_batch_norm_legit_functional.default", "aten.native_batch_norm.default",
+               "aten._batch_norm_with_update.default")
+_BATCH_NORM_BACKWARD = "aten.native_batch_norm_backward.default"
+
+
+def batch_norm_per_rank() -> None:
+    """From now on, DTensor runs BatchNorm on each rank's part of the batch: its statistics are those of the
+    rank's micro-batch, as under dp, fsdp, DDP and colauto's first (unplanned) call. DTensor's own rule
+    shards BatchNorm on channels, which normalizes the whole global batch: HF ResNet under tp=2 then
+    trained on global statistics from its second step on and on per-rank ones in its first, matching
+    neither reference (2.101 / 1.946 against the micro-batches' 2.056 / 1.930 and the global batch's
+    2.053 / 1.893). The input goes to Shard(0) on every mesh dim (a local slice where it was replicated:
+    the global batch is the ranks' micro-batches in rank order); the output stays there; the statistics
+    saved for the backward are the rank's own (Partial(avg) placements, read back as local values by the
+    backward handler); the running statistics are averaged over the ranks, so the buffers stay replicated
+    (DDP keeps rank 0's). The backward returns batch-sharded input gradients and Partial(sum) weight and
+    bias gradients, which the gradient reduction sums as for any weight read by batch-sharded activations."""
+    d = _dtensor()
+    for name in _BATCH_NORM:
+        d.dispatcher._custom_op_handlers[op_named(name)] = _batch_norm_forward
+    d.dispatcher._custom_op_handlers[op_named(_BATCH_NORM_BACKWARD)] = _batch_norm_backward
+
+
+def _per_rank_placements(mesh):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    n = mesh.ndim
+    return (Shard(0),) * n, (Replicate(),) * n, (Partial("avg"),) * n, (Partial("sum"),) * n
+
+
+def _local(t, mesh, placements):
+    """The local tensor of `t` redistributed to `placements` (a plain tensor or None as it is); a Partial
+    DTensor (statistics `_batch_norm_forward` saved) gives its rank's own value."""
+    d = _dtensor()
+    if not isinstance(t, d.DTensor):
+        return t
+    if any(p.is_partial() for p in t.placements):
+        return t._local_tensor
+    return t.redistribute(mesh, placements)._local_tensor
+
+
+def _batched(local: torch.Tensor, like, mesh, placements):
+    d = _dtensor()
+    if like.shape[0] % mesh.size():
+        raise ValueError(f"colauto: BatchNorm under a mesh of {mesh.size()} ranks needs a batch they divide, got "
+                         f"{like.shape[0]}: feed each rank the same micro-batch size")
+    return d.DTensor.from_local(local, mesh, placements, run_check=False)
+
+
+def _batch_norm_forward(op_call, args, kwargs):
+    d = _dtensor()
+    x = args[0]
+    mesh = x.device_mesh
+    batch, whole, own, _ = _per_rank_placements(mesh)
+    has_stats = op_call._overloadname != "no_stats"
+    local = [_local(a, mesh, batch if i == 0 else whole) for i, a in enumerate(args)]
+    functional = op_call._schema.name.endswith("_functional")
+    stats = (3, 4) if has_stats and local[3] is not None else ()
+    for i in stats if not functional else ():
+        local[i] = local[i].clone()        # updated in place by the op, averaged below, then written back
+    outs = list(op_call(*local, **kwargs))
+    result = [_batched(outs[0], x, mesh, batch)] + [d.DTensor.from_local(o, mesh, own, run_check=False)
+                                                   for o in outs[1:3]]
+    averaged = [d.DTensor.from_local(o, mesh, own, run_check=False).redistribute(mesh, whole)
+                for o in (outs[3:5] if functional else [local[i] for i in stats])]
+    if functional:
+        result += averaged
+    else:
+        result += [d.DTensor.from_local(o, mesh, whole, run_check=False) for o in outs[3:]]   # cuDNN's reserve
+        for i, new in zip(stats, averaged):
+            args[i].copy_(new if isinstance(args[i], d.DTensor) else new._local_tensor)
+    return tuple(result)
+
+
+def _batch_norm_backward(op_call, args, kwargs):
+    d = _dtensor()
+    mesh = args[1].device_mesh if isinstance(args[1], d.DTensor) else args[0].device_mesh
+    batch, whole, _, summed = _per_rank_placements(mesh)
+    local = [_local(a, mesh, batch if i < 2 else whole) for i, a in enumerate(args)]
+    grad_input, grad_weight, grad_bias = op_call(*local, **kwargs)
+    like = args[1]
+    return (None if grad_input is None else _batched(grad_input, like, mesh, batch),
+            *(None if g is None else d.DTensor.from_local(g, mesh, summed, run_check=False)
+              for g in (grad_weight, grad_bias)))
 
 
 def uncovered(gm: torch.fx.GraphModule) -> dict[str, list[torch.fx.Node]]:
     """The ops of an aten graph that DTensor has no sharding rule for (or only colauto's replicated
-    fallback, or one colauto does not trust: `UNTRUSTED`), each named once, in graph order, with the
+    fallback), each named once, in graph order, with the
     nodes that call it. Ops with no tensor input run as plain tensor ops and are skipped. An op DTensor
     handles by tracing its decomposition counts only if that trace succeeds on the node's example values
     (replicated)."""
@@ -172,7 +253,7 @@ def uncovered(gm: torch.fx.GraphModule) -> dict[str, list[torch.fx.Node]]:
         if not any("val" not in a.meta or isinstance(a.meta["val"], torch.Tensor) for a in inputs):
             continue
         kind = rule_kind(op)
-        if (kind in (None, "replicated") or op in UNTRUSTED
+        if (kind in (None, "replicated")
                 or (kind == "decomposition" and not _decomposes(op, node))):
             missing[str(op)] = [node]
     return missing
@@ -183,7 +264,7 @@ def replicable(op: torch._ops.OpOverload) -> bool:
     whose tensors are single Tensor arguments and returns (a Tensor list is not a placement DTensor's
     generic strategy expands)."""
     schema = op._schema
-    if op in UNTRUSTED or schema.is_mutable or any(a.alias_info is not None for a in schema.arguments):
+    if schema.is_mutable or any(a.alias_info is not None for a in schema.arguments):
         return False
     tensor, opt_tensor = torch.TensorType.get(), torch.OptionalType(torch.TensorType.get())
     def plain(t) -> bool:

@@ -231,8 +231,8 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
             if not no_tp:
                 raise ConfigError(
                     f"COLAUTO_MESH: tensor parallelism cannot run {', '.join(refused)}, which this model's training "
-                    "step runs (DTensor has no rule for it that colauto can use: it mutates an input, takes a list of "
-                    "tensors, or trains wrong under tp, as BatchNorm does): use dp or fsdp axes (COLAUTO_MESH=fsdp=N, "
+                    "step runs (DTensor has no rule for it that colauto can use: it mutates an input or takes a list of "
+                    "tensors): use dp or fsdp axes (COLAUTO_MESH=fsdp=N, "
                     "or unset), or register a rule with torch.distributed.tensor.experimental.register_sharding")
             candidates = no_tp
         else:
@@ -299,6 +299,7 @@ def _register_rules() -> None:
     _dtensor_rules.shard_cpu_attention()       # DTensor has no rule for CPU flash attention
     _dtensor_rules.shard_attention_masks()     # CUDA's fused attention with a mask (HF's), under tp
     _dtensor_rules.shard_padding()             # HF's loss pads the labels (torch 2.11: a one-dim stub)
+    _dtensor_rules.batch_norm_per_rank()       # BatchNorm's statistics per rank, as under dp (DTensor's: global)
 
 
 def owner_module(gm: fx.GraphModule, example_inputs: list) -> torch.nn.Module:

@@ -93,6 +93,25 @@ def _rewritten(gm: fx.GraphModule, changes: int, counter: str, graphs: bool = Fa
     return changes
 
 
+def merge_duplicate_waits(gm: fx.GraphModule) -> int:
+    """Give each collective one wait: a second `wait_tensor` of the same collective is replaced by the
+    first (waiting is idempotent, and the first precedes every use of the second). DTensor's traced
+    collectives can be waited once per use (HF ResNet's BatchNorm statistics under tp: the averaged
+    running mean read by the buffer's write and the output), and Inductor's collective bucketing asserts
+    a single wait ("Expected single user for all_reduce_13"). Returns how many waits went (counted)."""
+    first: dict[fx.Node, fx.Node] = {}
+    merged = 0
+    for node in list(gm.graph.find_nodes(op="call_function", target=WAIT)):
+        source = node.args[0]
+        if source not in first:
+            first[source] = node
+            continue
+        node.replace_all_uses_with(first[source])
+        gm.graph.erase_node(node)
+        merged += 1
+    return _rewritten(gm, merged, "duplicate waits of one collective merged")
+
+
 def sink_waits(gm: fx.GraphModule) -> int:
     """Move each collective's wait, with the light ops that follow it, to just before the output, where
     nothing but the outputs depends on them; returns how many waits moved (also counted in SUNK)."""
@@ -214,6 +233,7 @@ def schedule_collectives(gm: fx.GraphModule, kind: str = "graph", *, keep_order:
     buckets and Inductor's must stay off; where gathers moved, Inductor's gather bucketing).
     `keep_order` (None: `on_cpu(gm)`, see the module docstring): nothing moves, and the result, counted
     in KEPT, says so (Inductor's compute/communication reordering must stay off too)."""
+    merge_duplicate_waits(gm)
     if on_cpu(gm) if keep_order is None else keep_order:
         if not any(_starts_collective(n) for n in gm.graph.nodes):
             return None
