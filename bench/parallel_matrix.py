@@ -3,10 +3,10 @@ ranks under each mesh and codegen, against eager single-process training on the 
 
 Each cell is one run of tests/ranks/hf_worker.py (3 AdamW steps, fp32, each rank on its own share of the
 batch). A cell passes when every rank's losses equal the reference's within 1e-5, its parameters within
-1e-4, and every rank holds the same parameters; else it records the first line of the error. Meshes on
-2 ranks: auto (the planner's choice), dp=2, fsdp=2, tp=2; on 4 ranks: dp=2,tp=2 (the 2-axis mesh). One
-torchrun launch per model and rank count runs its cells in sequence, so a crash or hang loses one model's
-cells, not the sweep's.
+1e-4, and every rank holds the same parameters; else it records the first line of the error. A mesh is
+COLAUTO_MESH's value, run on as many ranks as it has devices, or auto:N (the planner's choice on N
+ranks). One torchrun launch per model and rank count runs its cells in sequence, so a crash or hang
+loses one model's cells, not the sweep's.
 
     python -m bench.parallel_matrix --out bench/results/cpu-<date>-parallel-matrix
     python -m bench.parallel_matrix --models llama t5 --meshes tp=2 dp=2,tp=2 --codegens inductor --out /tmp/m
@@ -16,6 +16,7 @@ per launch. Takes about an hour on 2 cores for the whole matrix.
 """
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -23,14 +24,35 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)
+from examples import hf_zoo  # noqa: E402
 from torchrun import torchrun  # noqa: E402
 
 WORKER = os.path.join(ROOT, "tests", "ranks", "hf_worker.py")
-# the causal LMs, the mixture-of-experts model, T5 and ViT (issue 15's "at least")
-MODELS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3", "gpt_neox", "opt", "falcon", "gpt2",
-          "qwen2_moe", "t5", "vit"]
-MESHES = {"auto": 2, "dp=2": 2, "fsdp=2": 2, "tp=2": 2, "dp=2,tp=2": 4}
+# every HF architecture of examples/hf_zoo.py: the causal LMs, the mixture-of-experts model, T5 and ViT
+# (issue 15's "at least"), the encoders, BART, and the convolutional nets (ResNet: BatchNorm)
+MODELS = list(hf_zoo.SPECS)
+MESHES = ["auto:2", "dp=2", "fsdp=2", "tp=2", "auto:4", "dp=4", "fsdp=4", "tp=4", "dp=2,tp=2"]
 CODEGENS = ["aten", "inductor"]
+
+
+def ranks_of(mesh: str) -> int:
+    """How many ranks a mesh column runs on: N for auto:N, else the product of its axis sizes."""
+    if mesh.startswith("auto:"):
+        return int(mesh.split(":")[1])
+    return math.prod(int(axis.split("=")[1]) for axis in mesh.split(","))
+
+
+def spec(model: str, mesh: str, codegen: str) -> str:
+    """The worker's run spec (tests/ranks/hf_worker.py)."""
+    return f"{model}@{mesh.split(':')[0]}" + ("+inductor" if codegen == "inductor" else "")
+
+
+def _valid_mesh(mesh: str) -> bool:
+    try:
+        return ranks_of(mesh) > 0
+    except (ValueError, IndexError):
+        return False
 
 
 def verdict(per_rank: list[dict]) -> tuple[str, str | None]:
@@ -49,8 +71,10 @@ def verdict(per_rank: list[dict]) -> tuple[str, str | None]:
     return "pass", None
 
 
-def launch(model: str, nproc: int, runs: list[str], timeout: int) -> list[dict]:
-    """One torchrun launch of `runs`: a cell per run (a launch that failed as a whole fails each)."""
+def launch(model: str, nproc: int, cells: list[tuple[str, str]], timeout: int) -> list[dict]:
+    """One torchrun launch of the (mesh, codegen) cells: a result per cell (a launch that failed as a
+    whole fails each)."""
+    runs = [spec(model, mesh, codegen) for mesh, codegen in cells]
     with tempfile.TemporaryDirectory() as out:
         try:
             proc = torchrun(nproc, [WORKER, "--out", out, *runs], timeout=timeout)
@@ -61,22 +85,22 @@ def launch(model: str, nproc: int, runs: list[str], timeout: int) -> list[dict]:
         for r in range(nproc):
             path = os.path.join(out, f"rank{r}.json")
             ranks.append(json.load(open(path)) if os.path.exists(path) else [])
-    cells = []
-    for i, run in enumerate(runs):
+    out = []
+    for i, (run, (mesh, codegen)) in enumerate(zip(runs, cells)):
         per_rank = [res[i] for res in ranks if len(res) > i]
         if len(per_rank) < nproc:
             state, why = "fail", f"the launch did not finish this run: {failure}"
         else:
             state, why = verdict(per_rank)
         seconds = per_rank[0]["seconds"] if per_rank else None
-        cells.append({"run": run, "model": model, "nproc": nproc, "verdict": state, "error": why, "seconds": seconds})
-    return cells
+        out.append({"run": run, "model": model, "mesh": mesh, "codegen": codegen, "nproc": nproc,
+                    "verdict": state, "error": why, "seconds": seconds})
+    return out
 
 
 def table(cells: list[dict], meshes: list[str], codegens: list[str]) -> str:
     cols = [(m, c) for m in meshes for c in codegens]
-    by = {(x["model"], x["run"].split("@")[1].split("+")[0], "inductor" if "+inductor" in x["run"] else "aten"): x
-          for x in cells}
+    by = {(x["model"], x["mesh"], x["codegen"]): x for x in cells}
     lines = ["| model | " + " | ".join(f"{m} {c}" for m, c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     notes = []
     for model in dict.fromkeys(x["model"] for x in cells):
@@ -100,23 +124,22 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for matrix.json and matrix.md")
     ap.add_argument("--models", nargs="+", default=MODELS)
-    ap.add_argument("--meshes", nargs="+", default=list(MESHES), help=f"of {' '.join(MESHES)}")
+    ap.add_argument("--meshes", nargs="+", default=list(MESHES), help="COLAUTO_MESH values or auto:N")
     ap.add_argument("--codegens", nargs="+", default=CODEGENS)
     ap.add_argument("--timeout", type=int, default=3000, help="seconds per launch")
     args = ap.parse_args(argv)
     models, meshes, codegens = args.models, args.meshes, args.codegens
     for name, given, known in (("model", models, MODELS), ("mesh", meshes, MESHES), ("codegen", codegens, CODEGENS)):
-        unknown = [g for g in given if g not in known]
+        unknown = [g for g in given if g not in known and not (name == "mesh" and _valid_mesh(g))]
         if unknown:
             sys.exit(f"bench.parallel_matrix: unknown {name} {', '.join(unknown)}: use {', '.join(known)}")
     os.makedirs(args.out, exist_ok=True)
     cells: list[dict] = []
     for model in models:
-        for nproc in sorted({MESHES[m] for m in meshes}):
-            runs = [f"{model}@{m}" + ("+inductor" if c == "inductor" else "")
-                    for m in meshes if MESHES[m] == nproc for c in codegens]
+        for nproc in sorted({ranks_of(m) for m in meshes}):
             start = time.perf_counter()
-            got = launch(model, nproc, runs, args.timeout)
+            got = launch(model, nproc, [(m, c) for m in meshes if ranks_of(m) == nproc for c in codegens],
+                         args.timeout)
             cells += got
             print(f"{model} on {nproc} ranks: {sum(c['verdict'] == 'pass' for c in got)} of {len(got)} pass "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)

@@ -431,36 +431,9 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             passes.pop("bucket_all_reduces_fx", None)
             UNBUCKETED["torch 2.11's bucketing views convolution gradients"] += 1
     _register_fallbacks(gm)
-    opaque = not is_backward and not is_inference and _takes_opaque_objects(gm)
-    if opaque:
-        passes["layout_optimization"] = False
     with inductor_config.patch(passes), _inductor_context(gm, example_inputs), \
             (_as_planned(remat) if remat is not None else contextlib.nullcontext()):   # as compile_fx calls it
-        compiled = compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
-    if opaque:
-        _forget_output_strides()
-    return compiled
-
-
-def _takes_opaque_objects(gm: torch.fx.GraphModule) -> bool:
-    """Whether a graph takes opaque script objects (torch 2.13 flattens a DTensor's device mesh into one
-    beside its local tensor)."""
-    return any(n.op == "placeholder" and type(n.meta.get("val")).__name__ in ("FakeScriptObject", "ScriptObject")
-               for n in gm.graph.nodes)
-
-
-def _forget_output_strides() -> None:
-    """Withdraw the output strides Inductor just reported for a forward graph (TracingContext.output_strides),
-    so AOTAutograd does not restride the backward's inputs by them. With DTensor inputs whose device
-    meshes are flattened into opaque objects (torch 2.13) and inputs the graph mutates (BatchNorm's running
-    statistics), AOTAutograd takes the strides of the saved activations from the wrong outputs (18 early:
-    HF ResNet under tp=2, "mismatch in length of strides and shape"). The forward is compiled without
-    Inductor's layout optimization, so it keeps the traced strides the backward is compiled for; where
-    Inductor lays a saved activation out otherwise, the backward's input stride checks fail loudly."""
-    from torch._guards import TracingContext
-    context = TracingContext.try_get()
-    if context is not None and context.output_strides:
-        context.output_strides[:] = [None] * len(context.output_strides)
+        return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
 
 
 # torch 2.11's all-reduce bucketing flattens each input with view(-1) (2.13: reshape), which fails on

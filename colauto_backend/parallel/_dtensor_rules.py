@@ -173,6 +173,13 @@ def batch_norm_per_rank() -> None:
     d.dispatcher._custom_op_handlers[op_named(_BATCH_NORM_BACKWARD)] = _batch_norm_backward
 
 
+def normalizes_batches(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph (Dynamo's, or an aten graph) runs BatchNorm in training."""
+    functions = {torch.nn.functional.batch_norm, torch.batch_norm}
+    ops = {op_named(name) for name in _BATCH_NORM}
+    return any(n.op == "call_function" and (n.target in functions or n.target in ops) for n in gm.graph.nodes)
+
+
 def _per_rank_placements(mesh):
     from torch.distributed.tensor import Partial, Replicate, Shard
     n = mesh.ndim
