@@ -1,38 +1,5 @@
 #!/usr/bin/env bash
 # Call 2 of session 25: run on the same machine while still held, after gpu34.sh (it needs that call's
 # cache folders in /tmp/caches): three more warm launches of each system, interleaved.
-# 2026-12-03 (session 25), one call on one GPU: issue 16's second launch. HF Qwen2-0.5B (B8, T1024, bf16,
-# fused AdamW), each launch a fresh process (bench.run, the first step timed from the torch.compile call):
-# Inductor, colauto's default and colauto under a 17.7 GiB budget, each cold once (its own empty cache
-# folders) and then warm twice (the same folders: torch's AOTAutograd and Inductor caches, colauto's plan
-# cache), the warm launches interleaved. Everything lands in $OUT/r35.tgz.
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-R=/tmp/r35; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-nvidia-smi -L > $R/cards.txt
-python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" > $R/versions.txt
-echo "${COMMIT:-unknown}" > $R/commit.txt
-T0=$(date +%s)
-left() { local s=$(( 570 - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
-launch() {  # name cachedir mode [budget]
-  local name=$1 dir=$2 mode=$3 budget=${4:-}
-  mkdir -p $R/first/$name
-  env TORCHINDUCTOR_CACHE_DIR=/tmp/caches/$dir/inductor COLAUTO_CACHE_DIR=/tmp/caches/$dir/colauto \
-      ${budget:+COLAUTO_MEMORY_BUDGET=$budget} COLAUTO_REPORT=1 \
-      timeout -k 5 $(left) python -m bench.run --models hf/qwen2:bench:8:1024 --modes $mode --steps 3 --warmup 1 \
-      --out $R/first/$name > $R/first/$name/log.txt 2>&1
-  rm -f $R/first/$name/*.png
-}
-
-
-
-for i in 3 4 5; do
-  launch inductor-warm$i ind inductor
-  launch colauto-warm$i col colauto
-  launch colauto-17.7GiB-warm$i colb colauto 17.7GiB
-done
-echo "wall $(( $(date +%s) - T0 )) s" > $R/wall.txt
-tar czf $OUT/r35.tgz -C $R .
-for d in $R/first/*/; do python -c "
-import json,sys; r=json.load(open('$d/results.json'))['rows'][0]; print('$d'.split('/')[-2], r['mode'], 'first step %.1f s' % r['warmup_s'] if r.get('warmup_s') else r.get('error'), 'tok/s %.0f' % r['tokens_per_s'] if r.get('tokens_per_s') else '', 'peak %.2f GiB' % (r['peak_bytes'] / 2**30) if r.get('peak_bytes') else '')" 2>&1 | tail -1; done
-grep -h "compile cache\|plan cache" $R/first/*/log.txt | sort | uniq -c
+test -d /tmp/caches/ind || { echo "gpu35.sh: no /tmp/caches from gpu34.sh on this machine: run gpu34.sh first"; exit 3; }
+COLD=0 ROUNDS="3 4 5" TAG=r35 exec bash "$(dirname "$0")/gpu34.sh"
