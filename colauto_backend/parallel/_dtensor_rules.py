@@ -174,7 +174,8 @@ def batch_norm_per_rank() -> None:
 
 
 def normalizes_batches(gm: torch.fx.GraphModule) -> bool:
-    """Whether a graph (Dynamo's, or an aten graph) runs BatchNorm in training."""
+    """Whether a graph runs BatchNorm: `F.batch_norm` in Dynamo's graph, or its training ops in an aten graph
+    (evaluation mode counts too: Dynamo's graph does not say which)."""
     functions = {torch.nn.functional.batch_norm, torch.batch_norm}
     ops = {op_named(name) for name in _BATCH_NORM}
     return any(n.op == "call_function" and (n.target in functions or n.target in ops) for n in gm.graph.nodes)
