@@ -12,17 +12,7 @@ R=/tmp/$TAG; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi -L > $R/cards.txt
 python -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" > $R/versions.txt
 echo "${COMMIT:-unknown}" > $R/commit.txt
-T0=$(date +%s)
-left() { local s=$(( 570 - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
-launch() {  # name cachedir mode [budget]
-  local name=$1 dir=$2 mode=$3 budget=${4:-}
-  mkdir -p $R/first/$name
-  env TORCHINDUCTOR_CACHE_DIR=/tmp/caches/$dir/inductor COLAUTO_CACHE_DIR=/tmp/caches/$dir/colauto \
-      ${budget:+COLAUTO_MEMORY_BUDGET=$budget} COLAUTO_REPORT=1 \
-      timeout -k 5 $(left) python -m bench.run --models hf/qwen2:bench:8:1024 --modes $mode --steps 3 --warmup 1 \
-      --out $R/first/$name > $R/first/$name/log.txt 2>&1
-  rm -f $R/first/$name/*.png
-}
+LIMIT=570; source "$(dirname "$0")/first_step.sh"
 if [ "$COLD" = 1 ]; then
   launch inductor-cold ind inductor
   launch colauto-cold col colauto
