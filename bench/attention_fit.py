@@ -30,6 +30,8 @@ def runs() -> list[dict]:
     out = []
     for path in sorted(glob.glob(os.path.join(ROOT, "**", "*.json"), recursive=True)):
         d = json.load(open(path))
+        if not isinstance(d, dict):  # e.g. parallel_matrix.py's matrix.json, a list of cells
+            continue
         prof, key = d.get("profile"), (d.get("model"), d.get("seq"))
         if not isinstance(prof, dict) or "attention_ms" not in prof or key not in SHAPES:
             continue
