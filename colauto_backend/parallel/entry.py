@@ -221,11 +221,10 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
         with torch.enable_grad():
             missing = _dtensor_rules.uncovered(analyze_only(dataclasses.replace(config, codegen="aten"), gm,
                                                             example_inputs).joint)
-    if (config.codegen == "inductor" and _dtensor_rules.normalizes_batches(gm)
-            and any(role == "tp" for axes in candidates for role, _ in axes)):
+    no_tp = _without_tp(candidates)
+    if config.codegen == "inductor" and _dtensor_rules.normalizes_batches(gm) and len(no_tp) < len(candidates):
         # HF ResNet under tp=2 with codegen inductor: the stem convolution's weight gradient came out 1.6%
         # off its micro-batch reference in the first tp step (aten: exact; cause not found)
-        no_tp = [axes for axes in candidates if all(role != "tp" for role, _ in axes)]
         if not no_tp:
             raise ConfigError(
                 "COLAUTO_MESH: tensor parallelism with codegen inductor trains this BatchNorm model wrong (a "
@@ -234,13 +233,12 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
         TP_LEFT_OUT["BatchNorm under codegen inductor"] += 1
         candidates = no_tp
     replicated_ops, replicated_bytes = (), 0     # ops a tp plan runs replicated, their inputs' bytes a step
-    if missing and any(role == "tp" for axes in candidates for role, _ in axes):
+    if missing and len(no_tp) < len(candidates):
         fixed = [name for name, nodes in missing.items() if _dtensor_rules.replicable(nodes[0].target)]
         refused = [name for name in missing if name not in fixed]
         if refused:
             # tensor parallelism runs the model's ops on DTensor activations, which would fail on these; dp
             # and fsdp run them on plain tensors (only parameter reads are DTensor ops) and need no rule
-            no_tp = [axes for axes in candidates if all(role != "tp" for role, _ in axes)]
             if not no_tp:
                 raise ConfigError(
                     f"COLAUTO_MESH: tensor parallelism cannot run {', '.join(refused)}, which this model's training "
@@ -267,6 +265,11 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
         except planner.BudgetError:
             pass        # data parallelism does not fit: weigh the sharded meshes too
     return pick(candidates)
+
+
+def _without_tp(candidates: list) -> list:
+    """The candidate meshes with no tensor-parallel axis."""
+    return [axes for axes in candidates if all(role != "tp" for role, _ in axes)]
 
 
 def _input_bytes(node: fx.Node) -> int:
