@@ -1,5 +1,6 @@
 """The rematerialization DP against brute-force enumeration: random DAGs and a real captured block."""
 import itertools
+import math
 import random
 
 import pytest
@@ -193,3 +194,33 @@ def test_compiling_runs_with_the_collector_paused(monkeypatch):
     model(x).sum().backward()   # the compiled step computed eager's gradients
     for p, g in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad, g)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_first_fitting_is_the_linear_scan_where_fitting_starts_once_and_monotone_everywhere(seed):
+    """planner.first_fitting against the linear scan (`next(k for k in order if fits(k))`) over candidate
+    peaks: equal wherever the peak falls along the order (whatever the budget), in at most 2 ceil(sqrt(n))
+    calls; on random (non-monotone) peaks every result fits, and a larger budget never gets a later one."""
+    from colauto_backend.planner import first_fitting
+    rng = random.Random(seed)
+    for n in [*range(0, 12), 37, 64, 100]:
+        falling = sorted((rng.random() for _ in range(n)), reverse=True)
+        noisy = [rng.random() for _ in range(n)]
+        budgets = sorted(rng.random() for _ in range(15))
+        for peaks, exact in ((falling, True), (noisy, False)):
+            got_before = None
+            for budget in reversed(budgets):      # falling budgets: the choice may only move later
+                calls = []
+                fits = lambda i: calls.append(i) or peaks[i] <= budget   # noqa: E731
+                got = first_fitting(list(range(n)), fits)
+                scan = next((i for i in range(n) if peaks[i] <= budget), None)
+                if exact:
+                    assert got == scan, (n, budget)
+                    assert len(calls) <= 2 * (math.isqrt(max(n - 1, 0)) + 1), (n, len(calls))
+                assert (got is None) == (scan is None) or not exact
+                if got is not None:
+                    assert peaks[got] <= budget
+                    assert got_before is None or got >= got_before, (n, budget)
+                    got_before = got
+                else:
+                    got_before = n
