@@ -801,3 +801,36 @@ def outside_fake_mode():
     and the distributed plan made there runs collectives (torch._subclasses.fake_tensor, private)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     return unset_fake_temporarily()
+
+
+def guard_parameter_by_identity(placeholder: torch.fx.Node) -> None:
+    """Inside the backend call, before it returns: Dynamo's guards on this graph input (a parameter) become
+    one identity check, so a shard put in its `.data` later (parallel/fsdp.py) does not recompile the frame.
+    Dynamo turns its guard set into the guard function only after the backend returns
+    (torch._guards.TracingContext's guards_context; torch._dynamo.guards.GuardBuilder.ID_MATCH, private)."""
+    from torch._dynamo.guards import GuardBuilder
+    from torch._guards import TracingContext
+    source = placeholder.meta["grapharg"].source
+    guards = TracingContext.get().guards_context.dynamo_guards
+    guards.remove_guards_with_source(source)
+    guards.add(source.make_guard(GuardBuilder.ID_MATCH))
+
+
+def fake_parameter_like(t: torch.Tensor) -> torch.Tensor:
+    """A fake Parameter of `t`'s current shape in the fake mode Dynamo traced with, for AOTAutograd's example
+    inputs after `t.data` changed shape (Dynamo's memo still maps `t` to its old fake)."""
+    from torch._guards import TracingContext
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        stand_in = torch.nn.Parameter(torch.empty_like(t.data), requires_grad=t.requires_grad)
+    return TracingContext.get().fake_mode.from_tensor(stand_in, static_shapes=True)
+
+
+def on_dynamo_compile(start: Callable, end: Callable) -> None:
+    """Run `start` when Dynamo starts compiling a frame and `end` when it ends (torch._dynamo.callback,
+    whose callbacks take one argument since about torch 2.7: none before). Registered once per pair;
+    torch._dynamo.reset() clears them, so they are registered again where needed."""
+    handler = torch._dynamo.callback.callback_handler
+    if start not in handler.start_callbacks:
+        torch._dynamo.callback.on_compile_start(start)
+        torch._dynamo.callback.on_compile_end(end)

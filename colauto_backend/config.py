@@ -41,6 +41,9 @@ class Config:
                                      # reuse alone ran HF Qwen2 and Qwen3 2-3% faster on an H200 at the same
                                      # peaks, but took 3 of 4 CPU points over their budgets
                                      # (bench/results/h200-2026-12-02-planned-rules)
+    fsdp: str = "dtensor"            # how a sharded plan without tp runs: dtensor (parallel/emit.py: DTensor
+                                     # parameters, the module re-traced); graph (parallel/fsdp.py, experimental:
+                                     # gathers in the captured graph, the user's Parameters hold their shards)
 
 
 # name in options= -> (environment variable, parser)
@@ -168,6 +171,7 @@ _FIELDS = {
     "cudagraphs": ("COLAUTO_CUDAGRAPHS", _cudagraphs),
     "output_grads": ("COLAUTO_OUTPUT_GRADS", _choice(("loss", "all"))),
     "planned_rules": ("COLAUTO_PLANNED_RULES", _planned_rules),
+    "fsdp": ("COLAUTO_FSDP", _choice(("dtensor", "graph"))),
 }
 # Read where they are used (triton_kernels, a package that does not depend on this one; plan_cache.py);
 # validated here.

@@ -15,6 +15,7 @@ from examples.models import build
     ("COLAUTO_MESHH", "2x2", "COLAUTO_CODEGEN"),
     ("COLAUTO_CUDAGRAPHS", "yes", "use 1"),
     ("COLAUTO_PLANNED_RULES", "fuse", "fusion, reuse, or none"),
+    ("COLAUTO_FSDP", "zero3", "dtensor, graph"),
 ])
 def test_bad_value_is_one_line_naming_variable(var, value, accepted):
     with pytest.raises(cfg.ConfigError) as err:
@@ -35,6 +36,7 @@ def test_bad_value_is_one_line_naming_variable(var, value, accepted):
     ("comm", "infiniband", "nvlink-h100"),
     ("cudagraphs", "yes", "use 1"),
     ("planned_rules", "fusion,", "fusion, reuse, or none"),
+    ("fsdp", "simple", "dtensor, graph"),
 ])
 def test_bad_option_is_one_line_naming_the_key(key, value, accepted):
     """An options= value is blamed on its key (with the value as given), not on the variable."""
@@ -111,3 +113,21 @@ def test_codegen_auto_is_chosen_by_the_inputs_device(capsys):
     lin = torch.nn.Linear(4, 4)
     torch.compile(lin, backend="colauto", options={"report": "1"})(torch.randn(2, 4)).sum().backward()
     assert "colauto cost model  (codegen aten (auto)," in capsys.readouterr().out
+
+
+def test_graph_fsdp_runs_one_fsdp_axis_on_dim_0_and_says_so_otherwise():
+    """COLAUTO_FSDP=graph (parallel/fsdp.py): the parameters a one-axis fsdp plan shards on dim 0 are found;
+    a plan it cannot run (two axes, a shard on dim 1) is one line naming the fix, before anything is cut."""
+    from colauto_backend.parallel import fsdp
+    from colauto_backend.parallel.plan import ParallelPlan
+    w, b = torch.nn.Parameter(torch.zeros(4, 3)), torch.nn.Parameter(torch.zeros(4))
+    names = {0: "w", 2: "b"}
+    inputs = [w, torch.zeros(2), b]
+    plan = ParallelPlan((("fsdp", 2),), {"w": ("S0",), "b": ("R",)}, {"w": ("R",), "b": ("R",)})
+    assert fsdp.shards(plan, names, inputs) == [0]
+    assert fsdp.rows(5, 0, 2) == (0, 3) and fsdp.rows(5, 1, 2) == (3, 2) and fsdp.rows(1, 1, 2) == (1, 0)
+    for bad, words in [(ParallelPlan((("dp", 2), ("fsdp", 2)), {"w": ("R", "S0")}, {}), "one fsdp axis only"),
+                       (ParallelPlan((("fsdp", 2),), {"w": ("S1",)}, {}), "dim 0 only")]:
+        with pytest.raises(cfg.ConfigError) as err:
+            fsdp.shards(bad, names, inputs)
+        assert words in str(err.value) and "unset COLAUTO_FSDP" in str(err.value) and "\n" not in str(err.value)

@@ -42,6 +42,8 @@ class DataParallel:
     # False where something else reduces the gradients (a sharded module's parameter reads, parallel/emit.py):
     # only the losses are averaged
     reduce_grads: bool = True
+    # primal positions whose gradient something else reduces (a shard's: parallel/fsdp.py's gather)
+    not_reduced: frozenset[int] = frozenset()
 
     @classmethod
     def world_group(cls, reduce_grads: bool = True) -> "DataParallel":
@@ -117,6 +119,8 @@ def reduce_gradients(joint: fx.GraphModule, *, num_fwd_outputs: int, param_indic
     outs = list(output.args[0])
     done = 0
     for i in (param_indices if dp.reduce_grads else ()):
+        if i in dp.not_reduced:
+            continue
         j = num_fwd_outputs + i
         if j < len(outs) and isinstance(outs[j], fx.Node):
             outs[j] = _mean_over_ranks(graph, outs[j], dp, wait_at_end=True)

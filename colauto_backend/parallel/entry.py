@@ -17,7 +17,7 @@ from .. import _torch_compat as compat
 from .. import counters, meta, planner, progress, report
 from ..config import Config, ConfigError
 from . import data
-from . import _dtensor_rules, choose, comm, emit, mesh, strategy
+from . import _dtensor_rules, choose, comm, emit, fsdp, mesh, strategy
 from .plan import ParallelPlan
 
 # Share of device memory the plan may use when COLAUTO_MEMORY_BUDGET is unset. The layer DP spends
@@ -76,6 +76,16 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
         PLANS.append(plan)
         announce(plan)
         return _data_parallel(gm, example_inputs, make_local, None)
+    if config.fsdp == "graph":
+        # experimental (parallel/fsdp.py): a sharded plan without tp gathers in the captured graph
+        plan = plan_graph(gm, example_inputs, names, params, config, candidates,
+                          prefer_data_parallel=config.mesh is None)
+        _adopt(plan, config)
+        if plan.data_parallel_only:
+            return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
+        if not plan.tensor_parallel:
+            return fsdp.compile(gm, example_inputs, plan, functools.partial(make_local, memory_budget=_planned_budget(plan)))
+        return _shard(gm, example_inputs, plan, make_local(*_first_call(plan))(gm, example_inputs))
     from ..backend import capture_serves_planning   # local import: the backend imports this module
     plans: list[ParallelPlan] = []
     # what `decide` reads, emptied once compiled: torch 2.11 keeps the partitioner that calls `decide` as

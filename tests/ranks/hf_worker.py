@@ -72,6 +72,8 @@ def run(spec: str, args) -> dict:
     full = batch(args.batch * world, seq)
     local = {k: v.chunk(world)[rank] for k, v in full.items()}
     options = {"mesh": mesh, "codegen": "inductor" if "inductor" in flags else "aten"}
+    if "graph" in flags:      # FSDP on the captured graph (parallel/fsdp.py): the Parameters hold their shards
+        options["fsdp"] = "graph"
     if "tight" in flags:
         options["memory_budget"] = "1.5MB"
     if "break" in flags:      # a graph break after the first decoder layer: the next graph reads parameters too
@@ -109,6 +111,7 @@ def run(spec: str, args) -> dict:
            # the training steps' logits still alive after the next forward (none: nothing holds a step's outputs)
            "outputs_held": sum(r is not None and not r.expired() for r in outputs),
            "param_sum": sum(_full(p).double().sum().item() for p in model.parameters()),
+           "full_param_bytes": sum(q.numel() * q.element_size() for q in ref.parameters()),
            "max_param_diff": max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())),
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
            "chained_all_reduces": chained_all_reduces(),
@@ -176,8 +179,9 @@ def reference_loss(ref, full: dict, world: int) -> torch.Tensor:
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor (a sharded module's parameters are DTensors)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    """The whole tensor (a sharded module's parameters are DTensors; under COLAUTO_FSDP=graph, shards)."""
+    from colauto_backend.parallel import fsdp
+    return t.full_tensor() if hasattr(t, "full_tensor") else fsdp.full_tensor(t)
 
 
 class Renamed(torch.nn.Module):
