@@ -189,8 +189,9 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
 # COLAUTO_FSDP=graph (parallel/fsdp.py, experimental): the captured graph gathers the shards the user's own
 # Parameters hold; no DTensor, no re-trace. Llama's optimizer is made after the first call, GPT-2 has a graph
 # break whose second graph reads the tied embedding, T5 runs under codegen inductor, Qwen2-MoE is the
-# mixture of experts
-GRAPH_FSDP_2 = ["llama@fsdp=2+graph+late", "gpt2@fsdp=2+graph", "t5@fsdp=2+graph+inductor", "qwen2_moe@fsdp=2+graph"]
+# mixture of experts, ResNet's convolutions follow BatchNorm, ViT's forward is wrapped in one naming itself `s`
+GRAPH_FSDP_2 = ["llama@fsdp=2+graph+late", "gpt2@fsdp=2+graph", "t5@fsdp=2+graph+inductor", "qwen2_moe@fsdp=2+graph",
+                "resnet@fsdp=2+graph", "vit@fsdp=2+graph+renamed"]
 
 
 def test_fsdp_on_the_captured_graph_trains_hf_models_like_one(tmp_path):
