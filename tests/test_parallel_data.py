@@ -187,22 +187,24 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
 
 
 # COLAUTO_FSDP=graph (parallel/fsdp.py, experimental): the captured graph gathers the shards the user's own
-# Parameters hold; no DTensor, no re-trace. Llama's optimizer is made after the first call, GPT-2 has a graph
+# Parameters hold; no DTensor, no re-trace. Llama's optimizer is made after the first call and its state
+# dict (DTensors viewing the shards) round-trips through torch.distributed.checkpoint, GPT-2 has a graph
 # break whose second graph reads the tied embedding, T5 runs under codegen inductor, Qwen2-MoE is the
 # mixture of experts, ResNet's convolutions follow BatchNorm, ViT's forward is wrapped in one naming itself `s`
-GRAPH_FSDP_2 = ["llama@fsdp=2+graph+late", "gpt2@fsdp=2+graph", "t5@fsdp=2+graph+inductor", "qwen2_moe@fsdp=2+graph",
+GRAPH_FSDP_2 = ["llama@fsdp=2+graph+late+ckpt", "gpt2@fsdp=2+graph", "t5@fsdp=2+graph+inductor", "qwen2_moe@fsdp=2+graph",
                 "resnet@fsdp=2+graph", "vit@fsdp=2+graph+renamed"]
 
 
 def test_fsdp_on_the_captured_graph_trains_hf_models_like_one(tmp_path):
     """GRAPH_FSDP_2 trains like one process, with every parameter of each model sharded in place: each rank
-    holds half the parameter bytes or less (plus the odd row)."""
+    holds half the parameter bytes or less (plus the odd row), and its state dict holds them as DTensors."""
     results = launch(tmp_path, 2, GRAPH_FSDP_2)
     check(results, GRAPH_FSDP_2)
     for res in results:
         for r in res:
             whole = r["full_param_bytes"]
             assert r["local_param_bytes"] <= whole / 2 + 0.02 * whole, r
+            assert "DTensor" in r["state_kinds"], r      # the state dict's shards, as torch.distributed.checkpoint needs
 
 
 def test_tensor_parallel_trains_hf_models_like_one(tmp_path):

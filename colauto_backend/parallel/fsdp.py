@@ -19,7 +19,8 @@ captured graph:
 
 Limits (why it is not the default yet): one fsdp axis only; only dim-0 shards; code outside the compiled
 graphs sees the shards (an eager region after a graph break, `clip_grad_norm_`, which would clip by each
-rank's own norm); `state_dict()` holds the shards, not DTensors; torch._dynamo.reset() forgets the
+rank's own norm); `state_dict()` gives DTensors (`_expose_as_dtensors`), but `load_state_dict` of whole
+tensors does not cut them; torch._dynamo.reset() forgets the
 stand-ins, so a sharded module compiled again after it fails in Dynamo's trace. Research and evidence:
 bench/sessions/fsdp_research/.
 """
@@ -120,7 +121,7 @@ def shards(plan: ParallelPlan, names: dict[int, str], example_inputs: list) -> l
 def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_local: Callable) -> Callable:
     """The captured graph with the plan's sharded parameters gathered in it, compiled by `make_local(dp)`;
     the parameters are sharded in place here (see the module docstring)."""
-    from .entry import state_names, _checked_gradients   # local import: entry imports this module
+    from .entry import state_names, owner_module, _checked_gradients   # local import: entry imports this module
     names = state_names(gm)
     at = shards(plan, names, example_inputs)
     dp = data.DataParallel.world_group()
@@ -155,9 +156,39 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             node.meta.pop(key, None)
     gm.graph.lint()
     gm.recompile()
+    if at:
+        _expose_as_dtensors(owner_module(gm, example_inputs), plan)
     local = data.DataParallel(dp.world, dp.group_name, not_reduced=frozenset(at))
     compiled = make_local(local)(gm, inputs)
     return _checked_gradients(gm, example_inputs, compiled)
+
+
+_EXPOSED: WeakIdKeyDictionary = WeakIdKeyDictionary()   # module -> True once its state_dict hook is on
+
+
+def _expose_as_dtensors(root: torch.nn.Module, plan: ParallelPlan) -> None:
+    """`state_dict()` of `root` or of any module holding its sharded parameters (the model inside a wrapper
+    that was compiled) gives each sharded parameter as a DTensor (Shard(0) over the plan's mesh) whose local
+    tensor is the Parameter's own shard: torch.distributed.checkpoint saves the whole parameter and loads
+    into the shard in place. The hook sits on each module that holds such a parameter itself, so it runs
+    whichever ancestor's state_dict() is asked. The mesh is made here, where every rank compiles."""
+    from torch.distributed.tensor import DTensor, Shard
+    from .mesh import device_mesh
+    holders = [m for m in root.modules() if m not in _EXPOSED
+               and any(p in _FULL for p in m._parameters.values() if p is not None)]
+    if not holders:
+        return
+    built = device_mesh(plan.axes)
+
+    def hook(mod, state_dict, prefix, local_metadata) -> None:
+        for name, p in mod._parameters.items():
+            key, full = prefix + name, (None if p is None else _FULL.get(p))
+            if full is not None and key in state_dict and not isinstance(state_dict[key], DTensor):
+                state_dict[key] = DTensor.from_local(state_dict[key], built, [Shard(0)], run_check=False,
+                                                     shape=torch.Size(full[0]), stride=full[1])
+    for m in holders:
+        m.register_state_dict_post_hook(hook)
+        _EXPOSED[m] = True
 
 
 def full_tensor(p: torch.Tensor) -> torch.Tensor:
