@@ -198,8 +198,13 @@ GRAPH_FSDP_2 = ["llama@fsdp=2+graph+late+ckpt", "gpt2@fsdp=2+graph", "t5@fsdp=2+
 def test_fsdp_on_the_captured_graph_trains_hf_models_like_one(tmp_path):
     """GRAPH_FSDP_2 trains like one process, with every parameter of each model sharded in place: each rank
     holds half the parameter bytes or less (plus the odd row), and its state dict holds them as DTensors."""
-    results = launch(tmp_path, 2, GRAPH_FSDP_2)
+    results, stdout = launch_with_output(tmp_path, 2, GRAPH_FSDP_2)
     check(results, GRAPH_FSDP_2)
+    # said once per model, on rank 0 only: each model's parameters are cut once (GPT-2's second graph reads
+    # parameters the first already cut, and says nothing)
+    said = [line for line in stdout.splitlines() if line.startswith("colauto: COLAUTO_FSDP=graph: ")]
+    assert len(said) == len(GRAPH_FSDP_2), said
+    assert all(" parameters cut to their dim-0 rows in place over fsdp=2" in line for line in said), said
     for res in results:
         for r in res:
             whole = r["full_param_bytes"]

@@ -36,7 +36,7 @@ import torch.fx as fx
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import _torch_compat as compat
-from .. import counters
+from .. import counters, report
 from ..config import ConfigError
 from . import data
 from .plan import ParallelPlan
@@ -131,6 +131,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
     compat.on_dynamo_compile(_standins_on, _standins_off)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     inputs = list(example_inputs)
+    cut = 0
     for i in at:
         p = example_inputs[i]
         compat.guard_parameter_by_identity(placeholders[i])
@@ -146,6 +147,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             else:
                 p.data = mine
             SHARDED[names[i]] += 1
+            cut += 1
         shape = _FULL[p][0]
         inputs[i] = compat.fake_parameter_like(_STASH.get(p, p))
         node = placeholders[i]
@@ -156,6 +158,9 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             node.meta.pop(key, None)
     gm.graph.lint()
     gm.recompile()
+    if cut and report._rank() == 0:
+        print(f"colauto: COLAUTO_FSDP=graph: {cut} parameters cut to their dim-0 rows in place over "
+              f"{plan.mesh_str}, gathered in the captured graph ({len(at)} read by this graph)", flush=True)
     if at:
         _expose_as_dtensors(owner_module(gm, example_inputs), plan)
     local = data.DataParallel(dp.world, dp.group_name, not_reduced=frozenset(at))
