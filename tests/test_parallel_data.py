@@ -195,18 +195,30 @@ GRAPH_FSDP_2 = ["llama@fsdp=2+graph+late+ckpt", "gpt2@fsdp=2+graph", "t5@fsdp=2+
                 "resnet@fsdp=2+graph", "vit@fsdp=2+graph+renamed"]
 
 
+# a graph break in a forward hook: Dynamo runs HF Llama's embedding eagerly, on the rank's shard of its
+# weight; the backward fails in one line before any step (data.check_eager_gradients), as under dp
+GRAPH_BREAK_EAGER = "llama@fsdp=2+graph+break"
+
+
 def test_fsdp_on_the_captured_graph_trains_hf_models_like_one(tmp_path):
     """GRAPH_FSDP_2 trains like one process, with every parameter of each model sharded in place: each rank
-    holds half the parameter bytes or less (plus the odd row), and its state dict holds them as DTensors."""
-    results, stdout = launch_with_output(tmp_path, 2, GRAPH_FSDP_2)
-    check(results, GRAPH_FSDP_2)
-    # said once per model, on rank 0 only: each model's parameters are cut once (GPT-2's second graph reads
-    # parameters the first already cut, and says nothing)
+    holds half the parameter bytes or less (plus the odd row), and its state dict holds them as DTensors.
+    Code Dynamo left eager that reads a shard (GRAPH_BREAK_EAGER) fails loudly."""
+    results, stdout = launch_with_output(tmp_path, 2, [*GRAPH_FSDP_2, GRAPH_BREAK_EAGER])
+    check(results, [*GRAPH_FSDP_2, GRAPH_BREAK_EAGER], expected_errors=(GRAPH_BREAK_EAGER,))
+    for err in errors_of(results, GRAPH_BREAK_EAGER):
+        assert err.startswith("RuntimeError: colauto: the gradient of model.embed_tokens.weight comes from code "
+                              "that ran outside the compiled graphs"), err
+    # said on rank 0 only, by each graph that cuts parameters (GPT-2's second graph reads parameters the
+    # first already cut, and says nothing; the break's graphs after the first cut their own layers'):
+    # one line a model, four for the break's
     said = [line for line in stdout.splitlines() if line.startswith("colauto: COLAUTO_FSDP=graph: ")]
-    assert len(said) == len(GRAPH_FSDP_2), said
+    assert len(said) == len(GRAPH_FSDP_2) + 4, said
     assert all(" parameters cut to their dim-0 rows in place over fsdp=2" in line for line in said), said
     for res in results:
         for r in res:
+            if r["run"] == GRAPH_BREAK_EAGER:
+                continue
             whole = r["full_param_bytes"]
             assert r["local_param_bytes"] <= whole / 2 + 0.02 * whole, r
             assert "DTensor" in r["state_kinds"], r      # the state dict's shards, as torch.distributed.checkpoint needs
