@@ -816,13 +816,14 @@ def guard_parameter_by_identity(placeholder: torch.fx.Node) -> None:
     guards.add(source.make_guard(GuardBuilder.ID_MATCH))
 
 
-def fake_parameter_like(t: torch.Tensor) -> torch.Tensor:
-    """A fake Parameter of `t`'s current shape in the fake mode Dynamo traced with, for AOTAutograd's example
-    inputs after `t.data` changed shape (Dynamo's memo still maps `t` to its old fake)."""
+def fake_parameter_like(data: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """A fake Parameter like `data` (a parameter's new `.data`) in the fake mode Dynamo traced with, for
+    AOTAutograd's example inputs after a parameter's `.data` changed shape (Dynamo's memo still maps the
+    parameter to its old fake)."""
     from torch._guards import TracingContext
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     with unset_fake_temporarily():
-        stand_in = torch.nn.Parameter(torch.empty_like(t.data), requires_grad=t.requires_grad)
+        stand_in = torch.nn.Parameter(torch.empty_like(data), requires_grad=requires_grad)
     return TracingContext.get().fake_mode.from_tensor(stand_in, static_shapes=True)
 
 

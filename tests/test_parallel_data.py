@@ -189,7 +189,7 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
 # COLAUTO_FSDP=graph (parallel/fsdp.py, experimental): the captured graph gathers the shards the user's own
 # Parameters hold; no DTensor, no re-trace. Llama's optimizer is made after the first call and its state
 # dict (DTensors viewing the shards) round-trips through torch.distributed.checkpoint, GPT-2 has a graph
-# break whose second graph reads the tied embedding, T5 runs under codegen inductor, Qwen2-MoE is the
+# break (its second graph reads no parameter), T5 runs under codegen inductor, Qwen2-MoE is the
 # mixture of experts, ResNet's convolutions follow BatchNorm, ViT's forward is wrapped in one naming itself `s`
 GRAPH_FSDP_2 = ["llama@fsdp=2+graph+late+ckpt", "gpt2@fsdp=2+graph", "t5@fsdp=2+graph+inductor", "qwen2_moe@fsdp=2+graph",
                 "resnet@fsdp=2+graph", "vit@fsdp=2+graph+renamed"]
@@ -209,8 +209,8 @@ def test_fsdp_on_the_captured_graph_trains_hf_models_like_one(tmp_path):
     for err in errors_of(results, GRAPH_BREAK_EAGER):
         assert err.startswith("RuntimeError: colauto: the gradient of model.embed_tokens.weight comes from code "
                               "that ran outside the compiled graphs"), err
-    # said on rank 0 only, by each graph that cuts parameters (GPT-2's second graph reads parameters the
-    # first already cut, and says nothing; the break's graphs after the first cut their own layers'):
+    # said on rank 0 only, by each graph that cuts parameters (GPT-2's second graph reads none; the
+    # break's graphs after the first cut their own layers'):
     # one line a model, four for the break's
     said = [line for line in stdout.splitlines() if line.startswith("colauto: COLAUTO_FSDP=graph: ")]
     assert len(said) == len(GRAPH_FSDP_2) + 4, said

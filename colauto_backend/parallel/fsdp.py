@@ -149,7 +149,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             SHARDED[names[i]] += 1
             cut += 1
         shape = _FULL[p][0]
-        inputs[i] = compat.fake_parameter_like(_STASH.get(p, p))
+        inputs[i] = compat.fake_parameter_like(_STASH.get(p, p.data), p.requires_grad)   # the shard, as it runs
         node = placeholders[i]
         with gm.graph.inserting_after(node):
             gathered = gm.graph.call_function(gather, (node, shape, group, world, rank))
