@@ -54,6 +54,11 @@ def rows(n: int, rank: int, world: int) -> tuple[int, int]:
     return start, min(start + chunk, n) - start
 
 
+def _padded(t: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """`t` with zero rows appended up to `n_rows` (equal pieces for the collectives), contiguous."""
+    return torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1) + [0, n_rows - t.shape[0]]).contiguous()
+
+
 class _Gather(torch.autograd.Function):
     """Rows -> the whole parameter (all-gather, padded to equal pieces); backward: the gradient's
     reduce-scatter over the group, divided by its size, back to the rank's rows."""
@@ -62,16 +67,14 @@ class _Gather(torch.autograd.Function):
     def forward(ctx, shard, shape, group_name, world, rank):
         ctx.meta = (tuple(shape), group_name, world, rank)
         chunk = -(-shape[0] // world)
-        padded = torch.nn.functional.pad(shard, [0, 0] * (shard.dim() - 1) + [0, chunk - shard.shape[0]])
-        full = funcol.wait_tensor(funcol.all_gather_tensor(padded.contiguous(), 0, group_name))
+        full = funcol.wait_tensor(funcol.all_gather_tensor(_padded(shard, chunk), 0, group_name))
         return full.narrow(0, 0, shape[0])
 
     @staticmethod
     def backward(ctx, grad):
         shape, group_name, world, rank = ctx.meta
         chunk = -(-shape[0] // world)
-        padded = torch.nn.functional.pad(grad, [0, 0] * (grad.dim() - 1) + [0, chunk * world - shape[0]])
-        mine = funcol.wait_tensor(funcol.reduce_scatter_tensor(padded.contiguous(), "sum", 0, group_name))
+        mine = funcol.wait_tensor(funcol.reduce_scatter_tensor(_padded(grad, chunk * world), "sum", 0, group_name))
         return mine.narrow(0, 0, rows(shape[0], rank, world)[1]) / world, None, None, None, None
 
 
@@ -206,7 +209,7 @@ def full_tensor(p: torch.Tensor) -> torch.Tensor:
     world = dist.get_world_size()
     chunk = -(-shape[0] // world)
     mine = p.detach()
-    padded = torch.nn.functional.pad(mine, [0, 0] * (mine.dim() - 1) + [0, chunk - mine.shape[0]]).contiguous()
+    padded = _padded(mine, chunk)
     pieces = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(pieces, padded)
     return torch.cat(pieces).narrow(0, 0, shape[0])
