@@ -737,6 +737,32 @@ def wait_tensor_op():
     return torch.ops._c10d_functional.wait_tensor.default
 
 
+def collective(name: str, t: torch.Tensor, *args) -> torch.Tensor:
+    """A functional collective (torch.ops._c10d_functional.NAME: all_gather_into_tensor(t, group size,
+    group name), reduce_scatter_tensor(t, "sum", group size, group name), all_reduce(t, "sum"|"max", group
+    name)), waited for: eagerly a collective now, traced two nodes (the ops, not torch 2.13's renamed
+    Python wrappers, whose old names warn and whose new ones torch 2.11 lacks)."""
+    op = getattr(torch.ops._c10d_functional, name).default
+    return torch.ops._c10d_functional.wait_tensor.default(op(t, *args))
+
+
+def route_clip_grad_norm(route: Callable) -> None:
+    """From now on torch.nn.utils.clip_grad_norm_ (and torch.nn.utils.clip_grad's) is `route(parameters,
+    max_norm, norm_type, error_if_nonfinite, foreach)`, for code that looks it up when it calls it (HF's
+    Trainer, accelerate, `torch.nn.utils.clip_grad_norm_(...)` in a script); a name imported before keeps
+    torch's. Installed once, process-wide (public functions, replaced: torch has no hook there)."""
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_grad
+    if getattr(nn_utils.clip_grad_norm_, "_colauto_route", False):
+        return
+
+    @functools.wraps(clip_grad.clip_grad_norm_)
+    def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        return route(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
+    clip_grad_norm_._colauto_route = True
+    nn_utils.clip_grad_norm_ = clip_grad.clip_grad_norm_ = clip_grad_norm_
+
+
 def fake_like(val: torch.Tensor) -> torch.Tensor:
     """A new fake tensor like `val`, in `val`'s fake mode (the `val` meta of a node inserted in a traced graph)."""
     from torch._guards import detect_fake_mode

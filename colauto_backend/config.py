@@ -41,9 +41,9 @@ class Config:
                                      # reuse alone ran HF Qwen2 and Qwen3 2-3% faster on an H200 at the same
                                      # peaks, but took 3 of 4 CPU points over their budgets
                                      # (bench/results/h200-2026-12-02-planned-rules)
-    fsdp: str = "dtensor"            # how a sharded plan without tp runs: dtensor (parallel/emit.py: DTensor
-                                     # parameters, the module re-traced); graph (parallel/fsdp.py, experimental:
-                                     # gathers in the captured graph, the user's Parameters hold their shards)
+    fsdp: str = "graph"              # how a sharded plan without tp runs: graph (parallel/fsdp.py: gathers in
+                                     # the captured graph, the user's Parameters hold their dim-0 rows); dtensor
+                                     # (parallel/emit.py: DTensor parameters, the module re-traced, as tp plans run)
 
 
 # name in options= -> (environment variable, parser)

@@ -25,11 +25,23 @@ RUNS_2 = ([f"{m}@dp=2" + ("+ckpt" if m == "llama" else "") for m in CAUSAL]
           + ["gpt2@dp=2+renamed", "qwen2_moe@dp=2", "t5@dp=2", "bart@dp=2", "bert@dp=2", "roberta@dp=2",
              "vit@dp=2+late", "convnext@dp=2", "resnet@dp=2",
              "llama@dp=2+inductor", "qwen2_moe@dp=2+inductor", "t5@dp=2+inductor", "vit@dp=2+inductor"])
-# fsdp: parameters sharded (DTensor state dict), gathered at each read as plain tensors
-FSDP_2 = ["llama@fsdp=2+late+ckpt", "qwen2@fsdp=2+inductor", "gpt2@fsdp=2", "t5@fsdp=2", "qwen2_moe@fsdp=2",
-          "vit@fsdp=2", "bart@fsdp=2+renamed", "qwen3@fsdp=2", "mistral@fsdp=2", "gemma@fsdp=2", "phi3@fsdp=2",
-          "gpt_neox@fsdp=2", "opt@fsdp=2", "resnet@fsdp=2", "resnet@fsdp=2+inductor", "resnet@auto", "falcon@auto", "llama@auto", "qwen2_moe@auto", "t5@auto", "vit@auto",
+# fsdp: on the captured graph (parallel/fsdp.py, the default), the user's Parameters hold their dim-0 rows,
+# gathered in the graph; no DTensor parameter, no re-trace. Llama's optimizer is made after the first call,
+# its gradients are clipped by torch.nn.utils.clip_grad_norm_ (routed to the sharded norm), its state dict
+# (DTensors viewing the shards) round-trips through torch.distributed.checkpoint, and the reference's
+# whole tensors load into its shards. GPT-2 has a graph break (its second graph reads no parameter); under
+# +split its tied head/embedding weight is read on both sides of a break. Qwen2-MoE is the mixture of
+# experts, ResNet's convolutions follow BatchNorm, BART's forward is wrapped in one naming itself `s`.
+FSDP_2 = ["llama@fsdp=2+late+ckpt+clip+load", "qwen2@fsdp=2+inductor", "gpt2@fsdp=2", "gpt2@fsdp=2+split",
+          "t5@fsdp=2+inductor", "qwen2_moe@fsdp=2", "vit@fsdp=2", "bart@fsdp=2+renamed", "qwen3@fsdp=2",
+          "mistral@fsdp=2", "gemma@fsdp=2", "phi3@fsdp=2", "gpt_neox@fsdp=2", "opt@fsdp=2", "resnet@fsdp=2",
+          "resnet@fsdp=2+inductor", "resnet@auto", "falcon@auto", "llama@auto", "qwen2_moe@auto", "t5@auto", "vit@auto",
           "gpt2@auto"]
+# every layer of these is sharded at fsdp=2 (the layer DP keeps some of Qwen3's replicated)
+ALL_SHARDED = {"llama", "gpt2", "t5", "qwen2_moe", "vit", "resnet"}
+# COLAUTO_FSDP=dtensor: the sharded module's DTensor parameters and a re-trace (parallel/emit.py), the way
+# tp plans run
+DTENSOR_FSDP_2 = ["llama@fsdp=2+dtensor+late+ckpt+clip", "t5@fsdp=2+dtensor"]
 # +tight: a budget only the sharded plan fits (the first call, one step on the gathered parameters, is
 # outside the plan and must not be held to it); it rides in TP_2's launch (FSDP_2's checks that each
 # plan is announced once, and this plan is llama@fsdp=2's)
@@ -49,7 +61,10 @@ TP_2 = ["llama@tp=2+ckpt", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "
         "vit@tp=2", "bert@tp=2", "mistral@tp=2", "gemma@tp=2", "falcon@tp=2", "qwen2_moe@tp=2+inductor",
         "bart@tp=2", "t5@tp=2+inductor", "gpt2@tp=2", "resnet@tp=2"]
 # llama@dp=2,tp=2: its mask (made under Dynamo, replicated) gathers q/k/v over dp at CPU attention
-RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2", "qwen3@fsdp=4+inductor", "llama@dp=2,tp=2"]
+# dp x fsdp on the captured graph: rows cut over each fsdp pair, gradients reduce-scattered there and
+# all-reduced over dp; colauto_backend.clip_grad_norm_, whole tensors loaded into the shards, DCP
+RUNS_4 = ["llama@dp=4", "t5@dp=4+inductor", "llama@dp=2,fsdp=2+clipc+load+ckpt", "gpt2@dp=2,fsdp=2+split",
+          "qwen3@fsdp=4+inductor", "llama@dp=2,tp=2"]
 
 # HF ResNet (BatchNorm, then convolutions): its reference is its ranks' micro-batches, each normalized by
 # its own statistics (tests/ranks/hf_worker.py), under every mesh. Under tp, DTensor's own BatchNorm rule
@@ -64,7 +79,10 @@ TP_INDUCTOR_REFUSED = "resnet@tp=2+inductor"
 # a graph break after the first decoder layer, the graph after it reading parameters: under a sharded plan
 # each graph's plan sharded the module's parameters again (OPT under transformers 5.17, a break in every
 # layer, failed or split gradients); now one line.
-BREAK_REFUSED = "llama@fsdp=2+break"
+BREAK_REFUSED = "llama@fsdp=2+break+dtensor"
+# the same break on the captured graph: HF Llama's embedding runs eagerly on the rank's rows of its weight;
+# the backward fails in one line before any step (data.check_eager_gradients), as under dp
+GRAPH_BREAK_EAGER = "llama@fsdp=2+break"
 # the same break under dp: the graph break inside a forward hook makes Dynamo run the embedding eagerly,
 # outside every compiled graph, so nothing would average its gradient over the ranks (each rank kept its
 # own, 1.33x the global one, and trained silently wrong); now the backward fails in one line
@@ -106,6 +124,12 @@ def check(results: list[list[dict]], runs: list[str], expected_errors: tuple[str
             assert r["max_param_diff"] <= 1e-4, (run, r["rank"], r["max_param_diff"])
             if "+ckpt" in run:
                 assert r["ckpt_max_diff"] == 0.0, (run, r["ckpt_max_diff"])
+            if "+load" in run:     # the reference's whole tensors, loaded into the model: exactly them
+                assert r["load_max_diff"] == 0.0, (run, r["load_max_diff"])
+            if "+clip" in run:     # the whole gradient's norm, as torch's clip_grad_norm_ gives one process
+                assert len(r["grad_norms"]) == 3, (run, r)
+                for got, want in zip(r["grad_norms"], r["ref_grad_norms"]):
+                    assert abs(got - want) <= 1e-5 * max(1.0, want), (run, r["grad_norms"], r["ref_grad_norms"])
             # a gradient reduced over several axes (dp x tp) is one collective over their flattened group,
             # not one all-reduce per axis in sequence (DTensor's default without a flattened mesh)
             assert r["chained_all_reduces"] == 0, (run, r["rank"], r["chained_all_reduces"])
@@ -145,8 +169,8 @@ def check_memory_terms(run: str, r: dict) -> None:
     its logits' gradient was skipped on several ranks too, 2026-11-29); tp plans
     within -12%..+13% (tp's gathered activations are costed per layer from the column inputs: HF Llama
     under aten is -11%)."""
-    if not r["graph_param_bytes"]:     # the last graph holds no parameter (after a graph break)
-        return
+    if not r["graph_param_bytes"] or "+split" in run:   # the last graph (after a graph break) holds no
+        return          # parameter, or (+split) only the head's, under a plan of its own
     assert r["graph_optimizer_bytes"] == 2 * r["trained_param_bytes"], (run, r)
     # buffers, and the 2-element tensor AOT flattens from each DTensor parameter beside its local tensor
     assert 0 <= r["graph_param_bytes"] - r["local_param_bytes"] <= r["buffer_bytes"] + 1024, (run, r)
@@ -169,59 +193,42 @@ def test_two_processes_train_hf_models_like_one(tmp_path):
 
 
 def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
-    """FSDP_2 trains like one process, and without COLAUTO_REPORT each plan's mesh is one line, printed
-    once (rank 0 only, not once a rank)."""
-    results, stdout = launch_with_output(tmp_path, 2, [*FSDP_2, BREAK_REFUSED])
-    check(results, FSDP_2 + [BREAK_REFUSED], expected_errors=(BREAK_REFUSED,))
+    """FSDP_2 and DTENSOR_FSDP_2 train like one process; without COLAUTO_REPORT each plan's mesh is one
+    line, printed once (rank 0 only, not once a rank). On the captured graph each rank holds half the
+    parameter bytes or less (plus the odd row) where every layer is sharded, and rank 0 says, once per
+    graph that cuts parameters, how many. A graph break that leaves code reading parameters outside the
+    graphs fails in one line on either path (GRAPH_BREAK_EAGER, BREAK_REFUSED)."""
+    runs = [*FSDP_2, *DTENSOR_FSDP_2, BREAK_REFUSED, GRAPH_BREAK_EAGER]
+    results, stdout = launch_with_output(tmp_path, 2, runs)
+    check(results, runs, expected_errors=(BREAK_REFUSED, GRAPH_BREAK_EAGER))
     for err in errors_of(results, BREAK_REFUSED):
         assert err.startswith("ConfigError: colauto: a graph after a graph break reads parameters"), err
         assert "remove the graph break" in err and "\n" not in err, err
+    for err in errors_of(results, GRAPH_BREAK_EAGER):
+        assert err.startswith("RuntimeError: colauto: the gradient of model.embed_tokens.weight comes from code "
+                              "that ran outside the compiled graphs"), err
     announced = [line for line in stdout.splitlines() if line.startswith("colauto: mesh ")]
     # once per distinct plan (a model's automatic plan may be its forced fsdp=2 plan), on rank 0 only
     assert len(set(announced)) == len(announced), announced
     assert len(announced) >= len({run.split("@")[0] for run in FSDP_2}), announced
     assert any(line.startswith("colauto: mesh fsdp=2, predicted ") for line in announced), announced
-    for r in results[0]:
-        if "fsdp" in r["run"] and r["run"] != BREAK_REFUSED:   # the module's state is sharded: DCP sees DTensors
-            assert "DTensor" in r["state_kinds"], r
-
-
-# COLAUTO_FSDP=graph (parallel/fsdp.py, experimental): the captured graph gathers the shards the user's own
-# Parameters hold; no DTensor, no re-trace. Llama's optimizer is made after the first call and its state
-# dict (DTensors viewing the shards) round-trips through torch.distributed.checkpoint, GPT-2 has a graph
-# break (its second graph reads no parameter), T5 runs under codegen inductor, Qwen2-MoE is the
-# mixture of experts, ResNet's convolutions follow BatchNorm, ViT's forward is wrapped in one naming itself `s`
-GRAPH_FSDP_2 = ["llama@fsdp=2+graph+late+ckpt", "gpt2@fsdp=2+graph", "t5@fsdp=2+graph+inductor", "qwen2_moe@fsdp=2+graph",
-                "resnet@fsdp=2+graph", "vit@fsdp=2+graph+renamed"]
-
-
-# a graph break in a forward hook: Dynamo runs HF Llama's embedding eagerly, on the rank's shard of its
-# weight; the backward fails in one line before any step (data.check_eager_gradients), as under dp
-GRAPH_BREAK_EAGER = "llama@fsdp=2+graph+break"
-
-
-def test_fsdp_on_the_captured_graph_trains_hf_models_like_one(tmp_path):
-    """GRAPH_FSDP_2 trains like one process, with every parameter of each model sharded in place: each rank
-    holds half the parameter bytes or less (plus the odd row), and its state dict holds them as DTensors.
-    Code Dynamo left eager that reads a shard (GRAPH_BREAK_EAGER) fails loudly."""
-    results, stdout = launch_with_output(tmp_path, 2, [*GRAPH_FSDP_2, GRAPH_BREAK_EAGER])
-    check(results, [*GRAPH_FSDP_2, GRAPH_BREAK_EAGER], expected_errors=(GRAPH_BREAK_EAGER,))
-    for err in errors_of(results, GRAPH_BREAK_EAGER):
-        assert err.startswith("RuntimeError: colauto: the gradient of model.embed_tokens.weight comes from code "
-                              "that ran outside the compiled graphs"), err
-    # said on rank 0 only, by each graph that cuts parameters (GPT-2's second graph reads none; the
-    # break's graphs after the first cut their own layers'):
-    # one line a model, four for the break's
+    on_graph = [run for run in FSDP_2 if "fsdp" in run]
+    # one line a model (the first graph cuts; GPT-2's second reads no parameter, or, under +split, only
+    # the tied weight its first graph cut), and four for the break's graphs, each cutting its own layers
     said = [line for line in stdout.splitlines() if line.startswith("colauto: COLAUTO_FSDP=graph: ")]
-    assert len(said) == len(GRAPH_FSDP_2) + 4, said
+    assert len(said) == len(on_graph) + 4, said
     assert all(" parameters cut to their dim-0 rows in place over fsdp=2" in line for line in said), said
     for res in results:
         for r in res:
-            if r["run"] == GRAPH_BREAK_EAGER:
+            if r["run"] in (BREAK_REFUSED, GRAPH_BREAK_EAGER):
                 continue
-            whole = r["full_param_bytes"]
-            assert r["local_param_bytes"] <= whole / 2 + 0.02 * whole, r
-            assert "DTensor" in r["state_kinds"], r      # the state dict's shards, as torch.distributed.checkpoint needs
+            if "fsdp" in r["run"]:      # the module's state is sharded: DCP sees DTensors
+                assert "DTensor" in r["state_kinds"], r
+            if r["run"] in on_graph:
+                whole = r["full_param_bytes"]
+                assert r["local_param_bytes"] < whole, r
+                if r["run"].split("@")[0] in ALL_SHARDED:
+                    assert r["local_param_bytes"] <= whole / 2 + 0.02 * whole, r
 
 
 def test_tensor_parallel_trains_hf_models_like_one(tmp_path):

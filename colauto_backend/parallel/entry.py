@@ -27,6 +27,7 @@ DEFAULT_BUDGET_FRACTION = 0.9
 SHARDED: collections.deque[emit.Sharded] = counters.records("sharded modules", maxlen=None)   # sharded in this process
 PLANS: collections.deque[ParallelPlan] = counters.records("parallel plans", maxlen=None)   # each graph compiled on several ranks
 TP_LEFT_OUT = counters.counter("automatic plans that left tensor parallelism out")
+ON_DTENSORS = counters.counter("sharded plans without tp run as DTensor modules, not on the captured graph")
 _COMPILED: dict[tuple, Callable] = {}     # SPMD graph (code, grad mode, inputs) -> compiled, no Sharded owner
 
 
@@ -81,10 +82,22 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
         plan = plan_graph(gm, example_inputs, names, params, config, candidates,
                           prefer_data_parallel=config.mesh is None)
         _adopt(plan, config)
-        if plan.data_parallel_only:
+        cut = fsdp.reads_cut(example_inputs)      # parameters an earlier graph (before a break) cut
+        if plan.data_parallel_only and not cut:
             return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
         if not plan.tensor_parallel:
-            return fsdp.compile(gm, example_inputs, plan, functools.partial(make_local, memory_budget=_planned_budget(plan)))
+            reason = fsdp.unsupported(plan, names, example_inputs)
+            if reason is None:
+                return fsdp.compile(gm, example_inputs, plan, functools.partial(make_local, memory_budget=_planned_budget(plan)))
+            if cut:
+                raise ConfigError(f"colauto: a graph after a graph break reads parameters an earlier graph sharded in "
+                                  f"place, and its own plan cannot run on the captured graph ({reason}): remove the "
+                                  "graph break (TORCH_LOGS=graph_breaks names it)")
+            ON_DTENSORS[reason] += 1          # counted and reported: the sharded module's DTensor path runs it
+        if cut:
+            raise ConfigError("colauto: a graph after a graph break reads parameters an earlier graph sharded in "
+                              f"place, and its plan ({plan.mesh_str}) is tensor-parallel: remove the graph break "
+                              "(TORCH_LOGS=graph_breaks names it), or set COLAUTO_MESH without tp")
         return _shard(gm, example_inputs, plan, make_local(*_first_call(plan))(gm, example_inputs))
     from ..backend import capture_serves_planning   # local import: the backend imports this module
     plans: list[ParallelPlan] = []

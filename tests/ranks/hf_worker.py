@@ -3,8 +3,13 @@ every rank, each rank feeding its own micro-batch, against eager single-process 
 batch (computed on every rank). Each run is NAME@MESH (MESH as COLAUTO_MESH, "auto" for the planner's
 choice); options after it: +late (the optimizer is created after the first call), +inductor (codegen
 inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +break
-(a graph break after the first decoder layer), +ckpt
-(a torch.distributed.checkpoint round trip after training), +tight (a memory budget of 1.5 MB per rank,
+(a graph break after the first decoder layer), +split (compiled inside a module that runs the model's body,
+breaks the graph, then runs its output embedding and the loss: GPT-2's head is its input embedding, so
+one weight is read on both sides of the break), +ckpt
+(a torch.distributed.checkpoint round trip after training), +clip (each step's gradients clipped to a norm
+of 0.05 by torch.nn.utils.clip_grad_norm_, against torch's own on the reference; +clipc: by
+colauto_backend.clip_grad_norm_), +load (after training, the
+reference's state dict, whole tensors, loaded into the model: every parameter then equals it), +tight (a memory budget of 1.5 MB per rank,
 which the sharded plan fits but the whole model's parameters, gradients and AdamW state do not). Writes rank<r>.json with per run the losses,
 the reference losses, a checksum of the trained parameters, and the error if it failed.
 
@@ -24,11 +29,16 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import colauto_backend  # noqa: E402
 from colauto_backend import output_grads  # noqa: E402
 from colauto_backend.backend import ANALYSES  # noqa: E402
 from colauto_backend.parallel import overlap  # noqa: E402
 from colauto_backend.parallel.entry import PLANS  # noqa: E402
 from examples import hf_zoo  # noqa: E402
+
+
+CLIP = 0.05     # +clip's norm: below the tiny models' gradient norms, so every step clips
+TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_     # the reference's: torch's own, bound before colauto runs
 
 
 def main() -> None:
@@ -72,23 +82,27 @@ def run(spec: str, args) -> dict:
     full = batch(args.batch * world, seq)
     local = {k: v.chunk(world)[rank] for k, v in full.items()}
     options = {"mesh": mesh, "codegen": "inductor" if "inductor" in flags else "aten"}
-    if "graph" in flags:      # FSDP on the captured graph (parallel/fsdp.py): the Parameters hold their shards
-        options["fsdp"] = "graph"
+    if "dtensor" in flags:    # a sharded plan's DTensor path (parallel/emit.py), not the captured graph's
+        options["fsdp"] = "dtensor"
     if "tight" in flags:
         options["memory_budget"] = "1.5MB"
     if "break" in flags:      # a graph break after the first decoder layer: the next graph reads parameters too
         first = next(m for n, m in model.named_modules() if n.endswith("layers.0"))
         first.register_forward_hook(lambda m, args, out: torch._dynamo.graph_break())
-    compiled = torch.compile(Renamed(model) if "renamed" in flags else model, backend="colauto", options=options)
+    wrapped = Renamed(model) if "renamed" in flags else Split(model) if "split" in flags else model
+    compiled = torch.compile(wrapped, backend="colauto", options=options)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = None if "late" in flags else torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses, ref_losses, outputs = [], [], []
+    losses, ref_losses, outputs, norms, ref_norms = [], [], [], [], []
     for _ in range(args.steps):
         result = compiled(**local)
         outputs.append(_storage_ref(result))
         loss = hf_zoo.loss_of(result)
         del result
         loss.backward()
+        if "clip" in flags or "clipc" in flags:   # torch's (colauto routes it), or colauto_backend's
+            clip = torch.nn.utils.clip_grad_norm_ if "clip" in flags else colauto_backend.clip_grad_norm_
+            norms.append(clip(model.parameters(), CLIP).item())
         if opt is None:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         opt.step()
@@ -96,6 +110,8 @@ def run(spec: str, args) -> dict:
         losses.append(loss.item())
         r = reference_loss(ref, full, world)
         r.backward()
+        if norms:
+            ref_norms.append(TORCH_CLIP(ref.parameters(), CLIP).item())
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
         ref_losses.append(r.item())
@@ -121,8 +137,13 @@ def run(spec: str, args) -> dict:
            "grads_skipped": sum(output_grads.SPECIALIZED.values()) - specialized,
            "grads_kept": {k: v - kept.get(k, 0) for k, v in output_grads.KEPT.items() if v > kept.get(k, 0)},
            } | memory_terms(model)
+    if norms:
+        out["grad_norms"], out["ref_grad_norms"] = norms, ref_norms
     if "ckpt" in flags:
         out["ckpt_max_diff"] = checkpoint_round_trip(model, os.path.join(args.out, f"ckpt-{name}"))
+    if "load" in flags:
+        model.load_state_dict(ref.state_dict())
+        out["load_max_diff"] = max((_full(p) - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
     return out
 
 
@@ -193,6 +214,21 @@ class Renamed(torch.nn.Module):
 
     def forward(s, **batch):  # noqa: N805 - the point of the test
         return s.inner(**batch)
+
+
+class Split(torch.nn.Module):
+    """A causal LM's body, a graph break, then its output embedding and the loss HF computes (the mean
+    cross-entropy of each next token; the labels are the inputs): the same loss as `inner(**batch).loss`."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, labels):
+        hidden = self.inner.base_model(input_ids=input_ids).last_hidden_state
+        torch._dynamo.graph_break()
+        logits = self.inner.get_output_embeddings()(hidden).float()
+        return (torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten()),)
 
 
 def checkpoint_round_trip(model, path: str) -> float:

@@ -109,14 +109,15 @@ def run(spec: str, args) -> dict:
     plan = PLANS[-1]
     # a sharded plan shards the module (parallel/emit.py); data parallelism leaves the parameters as they are
     sharded = SHARDED[-1] if SHARDED and SHARDED[-1].plan is plan else None
-    coord = tuple(sharded.mesh.get_coordinate()) if sharded else (rank,)
+    # the rank's mesh coordinate: init_device_mesh lays the ranks out row-major over the axes
+    coord = tuple(int(c) for c in torch.unravel_index(torch.tensor(rank), tuple(size for _, size in plan.axes)))
     out = {"run": spec, "rank": rank, "losses": losses, "ref_losses": ref_losses, "plan": plan.to_json(),
            "replicated_layers": plan.predicted.get("replicated_layers", []),
            "grad_norms": norms, "no_grad_loss_diffs": [abs(first - ref_first), abs(eval_loss - ref_eval_loss)], "logits_diff": logits_diff,
            "coord": coord, "grad_fallbacks": sharded.grad_fallbacks if sharded else 0,
            "local_shapes": {n: list(_local(p).shape) for n, p in model.named_parameters()},
-           "planned_shapes": {n: list(plan.local_shape(n, tuple(p.shape), coord))
-                              for n, p in model.named_parameters()},
+           "planned_shapes": {n: list(plan.local_shape(n, tuple(p.shape), coord))    # of the whole (the reference's)
+                              for n, p in ref.named_parameters()},
            "full_shapes": {n: list(p.shape) for n, p in ref.named_parameters()},
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
            "max_param_diff": max((_full(p) - q).abs().max().item()
@@ -131,7 +132,9 @@ def _local(t):
 
 
 def _full(t):
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    """The whole tensor: a DTensor's (a sharded module's), or a Parameter's cut in place (the captured graph's)."""
+    from colauto_backend.parallel import fsdp
+    return t.full_tensor() if hasattr(t, "full_tensor") else fsdp.full_tensor(t)
 
 
 def checkpoint_round_trip(model, path: str) -> dict:
