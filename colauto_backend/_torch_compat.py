@@ -853,11 +853,31 @@ def fake_parameter_like(data: torch.Tensor, requires_grad: bool) -> torch.Tensor
     return TracingContext.get().fake_mode.from_tensor(stand_in, static_shapes=True)
 
 
+_COMPILE_HOOKS: list[tuple[Callable, Callable]] = []     # (start, end) pairs, registered again after a reset
+
+
 def on_dynamo_compile(start: Callable, end: Callable) -> None:
     """Run `start` when Dynamo starts compiling a frame and `end` when it ends (torch._dynamo.callback,
-    whose callbacks take one argument since about torch 2.7: none before). Registered once per pair;
-    torch._dynamo.reset() clears them, so they are registered again where needed."""
+    whose callbacks take one argument since about torch 2.7: none before), from now on. torch._dynamo.reset()
+    clears Dynamo's callbacks, so it is wrapped (once, process-wide, for code that looks it up when it
+    calls it, torch.compiler.reset() included) to register these again after it."""
+    if (start, end) not in _COMPILE_HOOKS:
+        _COMPILE_HOOKS.append((start, end))
+    _register_compile_hooks()
+    if not getattr(torch._dynamo.reset, "_colauto_rehooks", False):
+        original = torch._dynamo.reset
+
+        @functools.wraps(original)
+        def reset() -> None:
+            original()
+            _register_compile_hooks()
+        reset._colauto_rehooks = True
+        torch._dynamo.reset = reset
+
+
+def _register_compile_hooks() -> None:
     handler = torch._dynamo.callback.callback_handler
-    if start not in handler.start_callbacks:
-        torch._dynamo.callback.on_compile_start(start)
-        torch._dynamo.callback.on_compile_end(end)
+    for start, end in _COMPILE_HOOKS:
+        if start not in handler.start_callbacks:
+            torch._dynamo.callback.on_compile_start(start)
+            torch._dynamo.callback.on_compile_end(end)

@@ -31,10 +31,11 @@ RUNS_2 = ([f"{m}@dp=2" + ("+ckpt" if m == "llama" else "") for m in CAUSAL]
 # (DTensors viewing the shards) round-trips through torch.distributed.checkpoint, and the reference's
 # whole tensors load into its shards. GPT-2 has a graph break (its second graph reads no parameter); under
 # +split its tied head/embedding weight is read on both sides of a break. Qwen2-MoE is the mixture of
-# experts, ResNet's convolutions follow BatchNorm, BART's forward is wrapped in one naming itself `s`.
+# experts, ResNet's convolutions follow BatchNorm, BART's forward is wrapped in one naming itself `s`,
+# Mistral is compiled again after torch._dynamo.reset() (its Parameters already hold their rows).
 FSDP_2 = ["llama@fsdp=2+late+ckpt+clip+load", "qwen2@fsdp=2+inductor", "gpt2@fsdp=2", "gpt2@fsdp=2+split",
           "t5@fsdp=2+inductor", "qwen2_moe@fsdp=2", "vit@fsdp=2", "bart@fsdp=2+renamed", "qwen3@fsdp=2",
-          "mistral@fsdp=2", "gemma@fsdp=2", "phi3@fsdp=2", "gpt_neox@fsdp=2", "opt@fsdp=2", "resnet@fsdp=2",
+          "mistral@fsdp=2+reset", "gemma@fsdp=2", "phi3@fsdp=2", "gpt_neox@fsdp=2", "opt@fsdp=2", "resnet@fsdp=2",
           "resnet@fsdp=2+inductor", "resnet@auto", "falcon@auto", "llama@auto", "qwen2_moe@auto", "t5@auto", "vit@auto",
           "gpt2@auto"]
 # every layer of these is sharded at fsdp=2 (the layer DP keeps some of Qwen3's replicated)

@@ -77,55 +77,77 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
         PLANS.append(plan)
         announce(plan)
         return _data_parallel(gm, example_inputs, make_local, None)
-    if config.fsdp == "graph":
-        # experimental (parallel/fsdp.py): a sharded plan without tp gathers in the captured graph
-        plan = plan_graph(gm, example_inputs, names, params, config, candidates,
-                          prefer_data_parallel=config.mesh is None)
-        _adopt(plan, config)
-        cut = fsdp.reads_cut(example_inputs)      # parameters an earlier graph (before a break) cut
-        if plan.data_parallel_only and not cut:
-            return _data_parallel(gm, example_inputs, make_local, _planned_budget(plan))
-        if not plan.tensor_parallel:
-            reason = fsdp.unsupported(plan, names, example_inputs)
-            if reason is None:
-                return fsdp.compile(gm, example_inputs, plan, functools.partial(make_local, memory_budget=_planned_budget(plan)))
-            if cut:
-                raise ConfigError(f"colauto: a graph after a graph break reads parameters an earlier graph sharded in "
-                                  f"place, and its own plan cannot run on the captured graph ({reason}): remove the "
-                                  "graph break (TORCH_LOGS=graph_breaks names it)")
-            ON_DTENSORS[reason] += 1          # counted and reported: the sharded module's DTensor path runs it
-        if cut:
-            raise ConfigError("colauto: a graph after a graph break reads parameters an earlier graph sharded in "
-                              f"place, and its plan ({plan.mesh_str}) is tensor-parallel: remove the graph break "
-                              "(TORCH_LOGS=graph_breaks names it), or set COLAUTO_MESH without tp")
-        return _shard(gm, example_inputs, plan, make_local(*_first_call(plan))(gm, example_inputs))
     from ..backend import capture_serves_planning   # local import: the backend imports this module
     plans: list[ParallelPlan] = []
+    routes: list[str] = []
     # what `decide` reads, emptied once compiled: torch 2.11 keeps the partitioner that calls `decide` as
     # long as the compiled graph, and the inputs would live as long (tests/test_held_tensors.py)
     capture = [gm, example_inputs]
 
     def decide(analysis) -> tuple[data.DataParallel | None, tuple[str, float]]:
-        """From the capture being compiled: its plan, and how this first call runs (`_first_call`). No
-        collective runs here, inside AOTAutograd's partitioner (gloo hung there, 1 launch in 3)."""
+        """From the capture being compiled: its plan, and how this first call runs (`_first_call`); a plan
+        that runs on the captured graph with its gathers stops this compile (`_Regather`). No collective
+        runs here, inside AOTAutograd's partitioner (gloo hung there, 1 launch in 3)."""
         plans.append(plan_graph(*capture, names, params, config, candidates,
                                 prefer_data_parallel=config.mesh is None, analysis=analysis))
+        routes.append(_route(plans[0], config, names, capture[1]))
+        if routes[0] == "graph":
+            raise _Regather()
         return _first_call(plans[0])
 
+    compiled = None
     if capture_serves_planning(config, example_inputs):
         # one capture: the plan is made from the joint graph AOTAutograd traces for this compile
-        compiled = make_local(decide=decide)(gm, example_inputs)
+        try:
+            compiled = make_local(decide=decide)(gm, example_inputs)
+        except _Regather:
+            pass
         capture.clear()
-        plan = plans[0]
+        plan, route = plans[0], routes[0]
     else:
         plan = plan_graph(gm, example_inputs, names, params, config, candidates,
                           prefer_data_parallel=config.mesh is None)
-        compiled = make_local(*_first_call(plan))(gm, example_inputs)
+        route = _route(plan, config, names, example_inputs)
+        if route != "graph":
+            compiled = make_local(*_first_call(plan))(gm, example_inputs)
     _adopt(plan, config)      # the ranks check they made the same plan before anything runs
+    if route == "graph":      # parallel/fsdp.py: the user's Parameters cut in place, gathered in the graph
+        return fsdp.compile(gm, example_inputs, plan, functools.partial(make_local, memory_budget=_planned_budget(plan)))
     if plan.data_parallel_only:
         data.prepare(gm, example_inputs, data.DataParallel.world_group())
         return _checked_gradients(gm, example_inputs, compiled)
+    if route.startswith("dtensor: "):     # COLAUTO_FSDP=graph asked, a plan it cannot run: counted and said
+        ON_DTENSORS[route[len("dtensor: "):]] += 1
+        if report._rank() == 0:
+            print(f"colauto: plan {plan.mesh_str} runs as DTensor modules, not on the captured graph: "
+                  f"{route[len('dtensor: '):]}", flush=True)
     return _shard(gm, example_inputs, plan, compiled)
+
+
+class _Regather(Exception):
+    """Stops the first compile where the plan runs on the captured graph with gathers in it (`_route`):
+    that graph is compiled instead (parallel/fsdp.py)."""
+
+
+def _route(plan: ParallelPlan, config: Config, names: dict[int, str], example_inputs: list) -> str:
+    """How `plan` runs on this graph: "graph" (parallel/fsdp.py: its shards, and parameters an earlier
+    graph cut, gathered in the captured graph), "dp" (data parallelism as captured), "dtensor" (the sharded
+    module's DTensor path: tp, or COLAUTO_FSDP=dtensor), or "dtensor: REASON" (COLAUTO_FSDP=graph could
+    not run it). A graph reading parameters an earlier graph cut runs on the captured graph or not at all."""
+    cut = fsdp.reads_cut(example_inputs)      # parameters an earlier graph (before a break) cut in place
+    if config.fsdp != "graph" and not cut:
+        return "dp" if plan.data_parallel_only else "dtensor"
+    if plan.data_parallel_only and not cut:
+        return "dp"
+    reason = ("its plan is tensor-parallel" if plan.tensor_parallel
+              else fsdp.unsupported(plan, names, example_inputs))
+    if reason is None:
+        return "graph"
+    if cut:
+        raise ConfigError("colauto: a graph after a graph break reads parameters an earlier graph sharded in "
+                          f"place, and {reason} ({plan.mesh_str}), which the captured graph cannot run: remove the "
+                          "graph break (TORCH_LOGS=graph_breaks names it), or set COLAUTO_MESH without tp")
+    return "dtensor" if plan.tensor_parallel else f"dtensor: {reason}"
 
 
 def _first_call(plan: ParallelPlan) -> tuple[data.DataParallel, tuple[str, float]]:

@@ -18,8 +18,9 @@ goes there, counted. Inside the backend call, for the one captured graph:
    gradient is all-reduced over the world as under data parallelism (`data.reduce_gradients`). A graph
    that reads a parameter an earlier graph cut (a weight on both sides of a graph break) gathers it too;
 4. while Dynamo traces any frame later (a recompile for new sizes or under no_grad, a graph after a
-   graph break), each sharded Parameter holds a full-shape tensor with no storage, so the user's code
-   sees the shapes it was written for (`_standins_on`, `_standins_off`).
+   graph break, a compile after torch._dynamo.reset()), each sharded Parameter holds a full-shape tensor
+   with no storage, so the user's code sees the shapes it was written for (`_standins_on`,
+   `_standins_off`, registered again after a reset by `compat.on_dynamo_compile`).
 
 `state_dict()` gives the shards as DTensors (`_expose_as_dtensors`), and `load_state_dict` takes whole
 tensors or DTensors and keeps the rank's rows (`_load_rows`). `clip_grad_norm_` clips by the whole
@@ -29,8 +30,7 @@ gradient's norm; once a parameter is cut, torch.nn.utils.clip_grad_norm_ comes h
 Limits: code outside the compiled graphs sees the shards (an eager region after a graph break fails in
 one line where it makes a gradient, `data.check_eager_gradients`; a `clip_grad_norm_` imported by name
 before the first compile is torch's, per rank; `torch.nn.utils.get_total_norm` of the gradients is per
-rank); torch._dynamo.reset() forgets the stand-ins, so a sharded module compiled again after it fails in
-Dynamo's trace; each graph plans on its own (a graph under no_grad first, then the training graph: the
+rank); each graph plans on its own (a graph under no_grad first, then the training graph: the
 first plan's cuts stand). Research and evidence: bench/sessions/fsdp_research/.
 """
 from __future__ import annotations

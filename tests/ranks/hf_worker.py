@@ -8,7 +8,8 @@ breaks the graph, then runs its output embedding and the loss: GPT-2's head is i
 one weight is read on both sides of the break), +ckpt
 (a torch.distributed.checkpoint round trip after training), +clip (each step's gradients clipped to a norm
 of 0.05 by torch.nn.utils.clip_grad_norm_, against torch's own on the reference; +clipc: by
-colauto_backend.clip_grad_norm_), +load (after training, the
+colauto_backend.clip_grad_norm_), +reset (torch._dynamo.reset() after the first step, then compiled
+again), +load (after training, the
 reference's state dict, whole tensors, loaded into the model: every parameter then equals it), +tight (a memory budget of 1.5 MB per rank,
 which the sharded plan fits but the whole model's parameters, gradients and AdamW state do not). Writes rank<r>.json with per run the losses,
 the reference losses, a checksum of the trained parameters, and the error if it failed.
@@ -94,7 +95,10 @@ def run(spec: str, args) -> dict:
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = None if "late" in flags else torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, ref_losses, outputs, norms, ref_norms = [], [], [], [], []
-    for _ in range(args.steps):
+    for step in range(args.steps):
+        if "reset" in flags and step == 1:    # Dynamo forgets everything; the model is compiled again
+            torch._dynamo.reset()
+            compiled = torch.compile(wrapped, backend="colauto", options=options)
         result = compiled(**local)
         outputs.append(_storage_ref(result))
         loss = hf_zoo.loss_of(result)
