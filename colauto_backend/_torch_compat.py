@@ -746,6 +746,12 @@ def collective(name: str, t: torch.Tensor, *args) -> torch.Tensor:
     return torch.ops._c10d_functional.wait_tensor.default(op(t, *args))
 
 
+def torch_at_least(major: int, minor: int) -> bool:
+    """torch's version is major.minor or later (a local suffix such as +cpu ignored)."""
+    found = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+    return found >= (major, minor)
+
+
 def route_clip_grad_norm(route: Callable) -> None:
     """From now on torch.nn.utils.clip_grad_norm_ (and torch.nn.utils.clip_grad's) is `route(parameters,
     max_norm, norm_type, error_if_nonfinite, foreach)`, for code that looks it up when it calls it (HF's

@@ -135,3 +135,20 @@ def test_graph_fsdp_takes_dim_0_shards_over_one_fsdp_axis_and_names_what_it_leav
                        (ParallelPlan((("dp", 2), ("fsdp", 2)), {"w": ("S0", "S0")}, {}), "as S0/S0 on dp=2,fsdp=2"),
                        (ParallelPlan((("tp", 2),), {"w": ("S0",)}, {}), "mesh tp=2 shards parameters without one fsdp axis")]:
         assert words in fsdp.unsupported(bad, names, inputs), (bad, fsdp.unsupported(bad, names, inputs))
+
+
+def test_graph_fsdp_is_the_default_from_torch_2_13_and_refused_before(monkeypatch):
+    """torch 2.11 keeps a size guard on each parameter cut in place (parallel/fsdp.py fails there with
+    "Guard failed on the same frame it was created"): before 2.13 the default is dtensor and asking for graph
+    is one line naming the fix; from 2.13 graph is the default."""
+    from colauto_backend import _torch_compat as compat
+    assert compat.torch_at_least(2, 13) == (tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13))
+    assert cfg.load(environ={}).fsdp == ("graph" if compat.torch_at_least(2, 13) else "dtensor")
+    monkeypatch.setattr(compat, "torch_at_least", lambda major, minor: False)
+    assert cfg.load(environ={}).fsdp == "dtensor"
+    assert cfg.load(environ={"COLAUTO_FSDP": "dtensor"}).fsdp == "dtensor"
+    for kwargs in ({"environ": {"COLAUTO_FSDP": "graph"}}, {"options": {"fsdp": "graph"}, "environ": {}}):
+        with pytest.raises(cfg.ConfigError) as err:
+            cfg.load(**kwargs)
+        assert "needs torch 2.13 or later" in str(err.value) and "use dtensor" in str(err.value), err.value
+        assert "\n" not in str(err.value)
