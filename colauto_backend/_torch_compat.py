@@ -439,7 +439,13 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
 # torch 2.11's all-reduce bucketing flattens each input with view(-1) (2.13: reshape), which fails on
 # a convolution weight's gradient once Inductor lays the convolution out channels-last ("Cannot view a
 # tensor with shape [64, 3, 8, 8] and strides (192, 1, 24, 3)": HF ViT under dp, codegen inductor).
-_BUCKETING_VIEWS = torch.__version__ < "2.12"
+def torch_at_least(major: int, minor: int) -> bool:
+    """torch's version is major.minor or later (a local suffix such as +cpu ignored)."""
+    found = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+    return found >= (major, minor)
+
+
+_BUCKETING_VIEWS = not torch_at_least(2, 12)
 UNBUCKETED = counters.counter("graphs whose all-reduces Inductor does not bucket")
 
 
@@ -744,12 +750,6 @@ def collective(name: str, t: torch.Tensor, *args) -> torch.Tensor:
     Python wrappers, whose old names warn and whose new ones torch 2.11 lacks)."""
     op = getattr(torch.ops._c10d_functional, name).default
     return torch.ops._c10d_functional.wait_tensor.default(op(t, *args))
-
-
-def torch_at_least(major: int, minor: int) -> bool:
-    """torch's version is major.minor or later (a local suffix such as +cpu ignored)."""
-    found = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
-    return found >= (major, minor)
 
 
 def route_clip_grad_norm(route: Callable) -> None:

@@ -96,6 +96,12 @@ def _padded(t: torch.Tensor, n_rows: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1) + [0, n_rows - t.shape[0]]).contiguous()
 
 
+def _all_gather_rows(shard: torch.Tensor, n: int, world: int, group: str) -> torch.Tensor:
+    """The `n` rows the group's ranks hold between them (each piece padded to ceil(n / world) rows)."""
+    full = compat.collective("all_gather_into_tensor", _padded(shard, -(-n // world)), world, group)
+    return full.narrow(0, 0, n)
+
+
 class _Gather(torch.autograd.Function):
     """Rows -> the whole parameter (all-gather over the fsdp group, padded to equal pieces); backward: the
     gradient's reduce-scatter over that group back to the rank's rows, all-reduced over the dp group where
@@ -104,9 +110,7 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard, shape, fsdp_group, fsdp_world, fsdp_rank, dp_group, world):
         ctx.meta = (tuple(shape), fsdp_group, fsdp_world, fsdp_rank, dp_group, world)
-        chunk = -(-shape[0] // fsdp_world)
-        full = compat.collective("all_gather_into_tensor", _padded(shard, chunk), fsdp_world, fsdp_group)
-        return full.narrow(0, 0, shape[0])
+        return _all_gather_rows(shard, shape[0], fsdp_world, fsdp_group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -295,10 +299,7 @@ def full_tensor(p: torch.Tensor) -> torch.Tensor:
     cut = _FULL.get(p)
     if cut is None:
         return p.detach()
-    g = cut.groups
-    chunk = -(-cut.shape[0] // g.fsdp_world)
-    padded = _padded(p.detach(), chunk)
-    return compat.collective("all_gather_into_tensor", padded, g.fsdp_world, g.fsdp_group).narrow(0, 0, cut.shape[0])
+    return _all_gather_rows(p.detach(), cut.shape[0], cut.groups.fsdp_world, cut.groups.fsdp_group)
 
 
 _TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_     # torch's own, before any route is installed
