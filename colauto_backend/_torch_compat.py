@@ -1,6 +1,7 @@
 """The one place colauto touches private PyTorch APIs (torch 2.11-2.13). A torch upgrade edits this file."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -427,18 +428,19 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             passes.pop("bucket_all_gathers_fx", None)
         if keep_order:
             passes.pop("reorder_for_compute_comm_overlap", None)
-        if _BUCKETING_VIEWS and _all_reduces_a_conv_gradient(gm):
-            passes.pop("bucket_all_reduces_fx", None)
-            UNBUCKETED["torch 2.11's bucketing views convolution gradients"] += 1
+        for name in (_buckets_a_conv_gradient(gm) if _BUCKETING_VIEWS else ()):
+            if passes.pop(name, None) is not None:
+                UNBUCKETED[f"torch 2.11's {name} views convolution gradients"] += 1
     _register_fallbacks(gm)
     with inductor_config.patch(passes), _inductor_context(gm, example_inputs), \
             (_as_planned(remat) if remat is not None else contextlib.nullcontext()):   # as compile_fx calls it
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
 
 
-# torch 2.11's all-reduce bucketing flattens each input with view(-1) (2.13: reshape), which fails on
-# a convolution weight's gradient once Inductor lays the convolution out channels-last ("Cannot view a
-# tensor with shape [64, 3, 8, 8] and strides (192, 1, 24, 3)": HF ViT under dp, codegen inductor).
+# torch 2.11's all-reduce and reduce-scatter bucketing flatten each input with view(-1) (2.13: reshape),
+# which fails on a convolution weight's gradient once Inductor lays the convolution out channels-last
+# ("Cannot view a tensor with shape [64, 3, 8, 8] and strides (192, 1, 24, 3)": HF ViT under dp, HF ResNet
+# under fsdp on the captured graph, codegen inductor).
 def torch_at_least(major: int, minor: int) -> bool:
     """torch's version is major.minor or later (a local suffix such as +cpu ignored)."""
     found = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
@@ -446,18 +448,26 @@ def torch_at_least(major: int, minor: int) -> bool:
 
 
 _BUCKETING_VIEWS = not torch_at_least(2, 12)
-UNBUCKETED = counters.counter("graphs whose all-reduces Inductor does not bucket")
+UNBUCKETED = counters.counter("graphs whose collectives Inductor does not bucket")
+_BUCKETED = {"bucket_all_reduces_fx": torch.ops._c10d_functional.all_reduce.default,
+             "bucket_reduce_scatters_fx": torch.ops._c10d_functional.reduce_scatter_tensor.default}
 
 
-def _all_reduces_a_conv_gradient(gm: torch.fx.GraphModule) -> bool:
-    for node in gm.graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.all_reduce.default):
-        x = node.args[0]
-        while isinstance(x, torch.fx.Node) and x.target in (operator.getitem, torch.ops.aten.div.Tensor,
-                                                            torch.ops.aten.mul.Tensor):
-            x = x.args[0]
-        if isinstance(x, torch.fx.Node) and x.target is torch.ops.aten.convolution_backward.default:
-            return True
-    return False
+def _buckets_a_conv_gradient(gm: torch.fx.GraphModule) -> list[str]:
+    """Inductor's bucketing passes that would take a convolution weight's gradient in `gm` (through the
+    scaling, padding and indexing between it and the collective)."""
+    through = (operator.getitem, torch.ops.aten.div.Tensor, torch.ops.aten.mul.Tensor,
+               torch.ops.aten.constant_pad_nd.default, torch.ops.aten.clone.default)
+    found = []
+    for name, target in _BUCKETED.items():
+        for node in gm.graph.find_nodes(op="call_function", target=target):
+            x = node.args[0]
+            while isinstance(x, torch.fx.Node) and x.target in through:
+                x = x.args[0]
+            if isinstance(x, torch.fx.Node) and x.target is torch.ops.aten.convolution_backward.default:
+                found.append(name)
+                break
+    return found
 
 
 def _register_fallbacks(gm: torch.fx.GraphModule) -> None:
@@ -839,13 +849,35 @@ def guard_parameter_by_identity(placeholder: torch.fx.Node) -> None:
     """Inside the backend call, before it returns: Dynamo's guards on this graph input (a parameter) become
     one identity check, so a shard put in its `.data` later (parallel/fsdp.py) does not recompile the frame.
     Dynamo turns its guard set into the guard function only after the backend returns
-    (torch._guards.TracingContext's guards_context; torch._dynamo.guards.GuardBuilder.ID_MATCH, private)."""
+    (torch._guards.TracingContext's guards_context; torch._dynamo.guards.GuardBuilder.ID_MATCH, private).
+    torch 2.11's `remove_guards_with_source` keeps the guards on `source` itself (its `is_from_source` only
+    compares a chained source's bases: the parameter's size check stayed, "Guard failed on the same frame
+    it was created"; 2.13 compares the source first), so those are dropped here too."""
     from torch._dynamo.guards import GuardBuilder
     from torch._guards import TracingContext
     source = placeholder.meta["grapharg"].source
     guards = TracingContext.get().guards_context.dynamo_guards
     guards.remove_guards_with_source(source)
+    left = [g for g in guards.inner if _derives_from(g.originating_source, source)]
+    if left:                                   # torch 2.11 (and 2.12)
+        for g in left:
+            guards.inner.discard(g)
+        if hasattr(guards, "source_to_guards"):  # an index newer versions keep beside the set
+            guards.source_to_guards = collections.defaultdict(list)
+            for g in guards.inner:
+                guards.track_guard_by_source(g)
     guards.add(source.make_guard(GuardBuilder.ID_MATCH))
+
+
+def _derives_from(source, target) -> bool:
+    """`source` is `target` or reached through it (a chain of attribute and item sources over it)."""
+    from torch._dynamo.source import ChainedSource
+    while True:
+        if source == target:
+            return True
+        if not isinstance(source, ChainedSource):
+            return False
+        source = source.base
 
 
 def fake_parameter_like(data: torch.Tensor, requires_grad: bool) -> torch.Tensor:

@@ -44,9 +44,9 @@ class Config:
                                      # peaks, but took 3 of 4 CPU points over their budgets
                                      # (bench/results/h200-2026-12-02-planned-rules)
     # how a sharded plan without tp runs: graph (parallel/fsdp.py: gathers in the captured graph, the user's
-    # Parameters hold their dim-0 rows; the default on torch >= 2.13); dtensor (parallel/emit.py: DTensor
-    # parameters, the module re-traced, as tp plans run; the default before 2.13, where graph is refused)
-    fsdp: str = dataclasses.field(default_factory=lambda: "graph" if _cuts_in_place() else "dtensor")
+    # Parameters hold their dim-0 rows); dtensor (parallel/emit.py: DTensor parameters, the module re-traced,
+    # as tp plans run)
+    fsdp: str = "graph"
 
 
 # name in options= -> (environment variable, parser)
@@ -58,22 +58,6 @@ def _choice(choices: tuple[str, ...]):
             raise ConfigError(f"{label} is not valid: use one of {', '.join(choices)}")
         return value
     return parse
-
-
-def _cuts_in_place() -> bool:
-    """Whether parameters can be cut in place under Dynamo (parallel/fsdp.py): torch 2.13 and later. On
-    torch 2.11 Dynamo still checks each parameter's size after the backend returns (a guard the identity
-    guard does not replace; "Guard failed on the same frame it was created"), found on 2026-12-03."""
-    from . import _torch_compat as compat
-    return compat.torch_at_least(2, 13)
-
-
-def _fsdp(raw: str, label: str) -> str:
-    value = _choice(("dtensor", "graph"))(raw, label)
-    if value == "graph" and not _cuts_in_place():
-        raise ConfigError(f"{label} needs torch 2.13 or later (torch {torch.__version__} keeps a size guard on "
-                          "each parameter cut in place): use dtensor, or upgrade torch")
-    return value
 
 
 def _report(raw: str, label: str) -> str | None:
@@ -190,7 +174,7 @@ _FIELDS = {
     "cudagraphs": ("COLAUTO_CUDAGRAPHS", _cudagraphs),
     "output_grads": ("COLAUTO_OUTPUT_GRADS", _choice(("loss", "all"))),
     "planned_rules": ("COLAUTO_PLANNED_RULES", _planned_rules),
-    "fsdp": ("COLAUTO_FSDP", _fsdp),
+    "fsdp": ("COLAUTO_FSDP", _choice(("dtensor", "graph"))),
 }
 # Read where they are used (triton_kernels, a package that does not depend on this one; plan_cache.py);
 # validated here.

@@ -137,18 +137,42 @@ def test_graph_fsdp_takes_dim_0_shards_over_one_fsdp_axis_and_names_what_it_leav
         assert words in fsdp.unsupported(bad, names, inputs), (bad, fsdp.unsupported(bad, names, inputs))
 
 
-def test_graph_fsdp_is_the_default_from_torch_2_13_and_refused_before(monkeypatch):
-    """torch 2.11 keeps a size guard on each parameter cut in place (parallel/fsdp.py fails there with
-    "Guard failed on the same frame it was created"): before 2.13 the default is dtensor and asking for graph
-    is one line naming the fix; from 2.13 graph is the default."""
-    from colauto_backend import _torch_compat as compat
-    assert compat.torch_at_least(2, 13) == (tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13))
-    assert cfg.load(environ={}).fsdp == ("graph" if compat.torch_at_least(2, 13) else "dtensor")
-    monkeypatch.setattr(compat, "torch_at_least", lambda major, minor: False)
-    assert cfg.load(environ={}).fsdp == "dtensor"
+def test_graph_fsdp_is_the_default_and_a_bad_value_is_one_line():
+    assert cfg.load(environ={}).fsdp == "graph"
     assert cfg.load(environ={"COLAUTO_FSDP": "dtensor"}).fsdp == "dtensor"
-    for kwargs in ({"environ": {"COLAUTO_FSDP": "graph"}}, {"options": {"fsdp": "graph"}, "environ": {}}):
-        with pytest.raises(cfg.ConfigError) as err:
-            cfg.load(**kwargs)
-        assert "needs torch 2.13 or later" in str(err.value) and "use dtensor" in str(err.value), err.value
-        assert "\n" not in str(err.value)
+    with pytest.raises(cfg.ConfigError) as err:
+        cfg.load(environ={"COLAUTO_FSDP": "ddp"})
+    assert str(err.value) == "COLAUTO_FSDP='ddp' is not valid: use one of dtensor, graph", err.value
+
+
+@pytest.mark.parametrize("torch_211", [False, True])
+def test_a_parameter_cut_in_place_is_guarded_by_identity_alone(monkeypatch, torch_211):
+    """The guards Dynamo holds on a parameter's source (its size check above all: a cut parameter's shape
+    changes) give way to one identity check. With torch 2.11's `is_from_source`, which never matches a
+    chained source itself (only its bases), torch's `remove_guards_with_source` left the size check and the
+    cut failed in Dynamo ("Guard failed on the same frame it was created"); the adapter drops it too."""
+    import types
+    import torch._dynamo.source as dsource
+    from torch._dynamo.guards import GuardBuilder
+    from torch._guards import Guard, TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from colauto_backend import _torch_compat as compat
+    if torch_211:
+        def is_from_source_211(source, target):
+            if isinstance(source, dsource.ChainedSource):
+                return is_from_source_211(source.base, target)
+            return source == target
+        monkeypatch.setattr(dsource, "is_from_source", is_from_source_211)
+    root = dsource.LocalSource("self")
+    param = dsource.DictGetItemSource(dsource.AttrSource(root, "_parameters"), "weight")
+    other = dsource.DictGetItemSource(dsource.AttrSource(root, "_parameters"), "bias")
+    ctx = TracingContext(FakeTensorMode())
+    with tracing(ctx):
+        guards = ctx.guards_context.dynamo_guards
+        for source in (param, other):
+            guards.add(Guard(source, GuardBuilder.TENSOR_MATCH))
+        guards.add(Guard(dsource.AttrSource(param, "grad"), GuardBuilder.TENSOR_MATCH))
+        guards.add(Guard(root, GuardBuilder.TYPE_MATCH))
+        compat.guard_parameter_by_identity(types.SimpleNamespace(meta={"grapharg": types.SimpleNamespace(source=param)}))
+        left = sorted((g.name, g.create_fn_name()) for g in guards)
+    assert left == sorted([(param.name, "ID_MATCH"), (other.name, "TENSOR_MATCH"), (root.name, "TYPE_MATCH")]), left

@@ -457,21 +457,26 @@ def test_rules_colauto_registers_are_keyed_on_every_argument(meshes):
     assert op(x, [3]).shape == (8, 19)
 
 
-def test_all_reduce_of_a_convolution_gradient_is_found():
-    """torch 2.11's all-reduce bucketing fails on a convolution weight's gradient that Inductor lays out
-    channels-last (HF ViT under dp, codegen inductor, on 2.11: "Cannot view a tensor with shape [64, 3,
-    8, 8] and strides (192, 1, 24, 3)"); there colauto leaves that graph's all-reduces unbucketed
-    (counted). The check finds such an all-reduce through getitem and the averaging division, and no
-    other."""
+def test_a_collective_of_a_convolution_gradient_is_found():
+    """torch 2.11's all-reduce and reduce-scatter bucketing fail on a convolution weight's gradient that
+    Inductor lays out channels-last (HF ViT under dp, HF ResNet under fsdp on the captured graph, codegen
+    inductor, on 2.11: "Cannot view a tensor with shape [64, 3, 8, 8] and strides (192, 1, 24, 3)"); there
+    colauto leaves that graph's collectives of that kind unbucketed (counted). The check finds such a
+    collective through getitem, the averaging division and the padding to equal pieces, and no other."""
     from colauto_backend import _torch_compat as compat
-    def graph(source):
+    def graph(source, collective):
         g = torch.fx.Graph()
         x, w = g.placeholder("x"), g.placeholder("w")
         grads = g.call_function(source, (x, w))
         grad = g.call_function(operator.getitem, (grads, 1)) if source is aten.convolution_backward.default else grads
-        avg = g.call_function(aten.div.Tensor, (grad, 2))
-        g.output(g.call_function(torch.ops._c10d_functional.all_reduce.default, (avg, "sum", "0")))
+        if collective == "all_reduce":
+            avg = g.call_function(aten.div.Tensor, (grad, 2))
+            g.output(g.call_function(torch.ops._c10d_functional.all_reduce.default, (avg, "sum", "0")))
+        else:
+            padded = g.call_function(aten.constant_pad_nd.default, (grad, [0, 0, 0, 1]))
+            g.output(g.call_function(torch.ops._c10d_functional.reduce_scatter_tensor.default, (padded, "sum", 2, "0")))
         return torch.fx.GraphModule(torch.nn.Module(), g)
-    assert compat._all_reduces_a_conv_gradient(graph(aten.convolution_backward.default))
-    assert not compat._all_reduces_a_conv_gradient(graph(aten.mm.default))
-    assert bool(compat._BUCKETING_VIEWS) == (torch.__version__ < "2.12")
+    for collective, name in (("all_reduce", "bucket_all_reduces_fx"), ("reduce_scatter", "bucket_reduce_scatters_fx")):
+        assert compat._buckets_a_conv_gradient(graph(aten.convolution_backward.default, collective)) == [name]
+        assert compat._buckets_a_conv_gradient(graph(aten.mm.default, collective)) == []
+    assert bool(compat._BUCKETING_VIEWS) == (not compat.torch_at_least(2, 12))

@@ -248,6 +248,9 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
         _expose_as_dtensors(owner_module(gm, example_inputs))
     local = data.DataParallel(dp.world, dp.group_name, not_reduced=frozenset(at))
     compiled = make_local(local)(gm, inputs)
+    # The frame's trace is over: the shards go back now, before Dynamo builds and checks its guards (torch
+    # 2.11's identity guard prints the Parameter's values, which a stand-in has none of: a segfault).
+    _standins_off()
     return _checked_gradients(gm, example_inputs, compiled)
 
 
