@@ -432,7 +432,8 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             if passes.pop(name, None) is not None:
                 UNBUCKETED[f"torch 2.11's {name} views convolution gradients"] += 1
     _register_fallbacks(gm)
-    with inductor_config.patch(passes), _inductor_context(gm, example_inputs), \
+    from ._cpu_kernels import batched
+    with inductor_config.patch(passes), _inductor_context(gm, example_inputs), batched(), \
             (_as_planned(remat) if remat is not None else contextlib.nullcontext()):   # as compile_fx calls it
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
 
@@ -648,11 +649,26 @@ def example_int(x) -> int:
 def module_path(node: torch.fx.Node) -> str | None:
     """The path under the compiled module of the module whose forward made this graph node
     ("blocks.1.mlp.fc"), from `nn_module_stack`, whatever the compiled frame calls the module (see
-    stack_path); None where the node has none or it is the compiled module itself."""
+    stack_path and stack_module_path); None where the node has none or it is the compiled module itself."""
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return None
-    return stack_path(list(stack.values())[-1][0]) or None
+    return stack_module_path(stack) or None
+
+
+def stack_module_path(stack: dict) -> str:
+    """The path of the innermost module of an `nn_module_stack` (outermost first) that is held inside the
+    module whose forward called it. A module called from another's forward but held elsewhere is counted
+    as its caller's: transformers with `kernels` (a dependency from 5.25) turns functions such as
+    `apply_rotary_pos_emb` into one module held once ("apply_rotary_pos_emb"), which every decoder layer's
+    attention calls; its ops are that layer's."""
+    path = ""
+    for entry in stack.values():
+        inner = stack_path(entry[0])
+        if path and inner != path and not inner.startswith(path + "."):
+            break
+        path = inner
+    return path
 
 
 def cuda_graph_trees(fn: Callable, gm: torch.fx.GraphModule, static_input_idxs: list[int], *, device_index: int,

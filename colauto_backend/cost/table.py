@@ -127,7 +127,7 @@ def _node_cost(n: fx.Node) -> tuple[str, Expr, Expr, Expr]:
 def module_path(n: fx.Node) -> str:
     """'transformer.h.3.attn' from Dynamo's nn_module_stack (forward) or fwd_nn_module_stack (backward)."""
     stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack")
-    return compat.stack_path(list(stack.values())[-1][0]) if stack else ""
+    return compat.stack_module_path(stack) if stack else ""
 
 
 def build(graph: fx.Graph, basis: Basis) -> CostTable:
