@@ -13,18 +13,20 @@ own source in a namespace of its own (`colauto_k<i>::kernel`), and is bound to P
 binding code (`CppPythonBindingsCodeCache.suffix_template`), one method per kernel; the units go through
 Inductor's C++ cache (on disk, keyed by their source). A kernel whose source does not have the shape this
 relies on (one `extern "C" void kernel(`, no macros) is compiled alone by Inductor, and a unit that fails
-to build falls back to one build a kernel; both are counted (SEPARATE).
+to build falls back to one build a kernel (warned once); both are counted (SEPARATE, UNIT_FAILED).
 """
 from __future__ import annotations
 
 import contextlib
 import re
 import threading
+import warnings
 
 from . import counters
 
 BATCHED = counters.counter("Inductor CPU kernels compiled several to a C++ unit")
 SEPARATE = counters.counter("Inductor CPU kernels compiled one to a C++ unit, as Inductor does")
+UNIT_FAILED = counters.counter("C++ units of Inductor CPU kernels that did not build (their kernels built alone)")
 
 _ENTRY = re.compile(r'extern\s+"C"\s+void\s+kernel\(')
 _OWN_MARK = "static PyObject* kernel_py("        # where the per-kernel part of Inductor's binding code starts
@@ -104,7 +106,12 @@ class _Pending:
         def build(unit: list[int]) -> None:
             try:
                 module = cache.load_async(unit_source(cache, [self.kernels[j][1:] for j in unit]), "cpu")()
-            except Exception:       # a unit that does not build: each of its kernels as Inductor builds it
+            except Exception as exc:   # a unit that does not build: each of its kernels as Inductor builds it
+                if not UNIT_FAILED:
+                    warnings.warn(f"colauto: {len(unit)} Inductor CPU kernels did not build as one C++ unit "
+                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                                  "they are built one a unit, as Inductor does (counted; warned once)")
+                UNIT_FAILED[type(exc).__name__] += 1
                 self._alone(unit)
                 return
             for k, j in enumerate(unit):

@@ -1,6 +1,8 @@
 """Inductor's CPU kernels of a graph built a few to a C++ unit (colauto_backend/_cpu_kernels.py): the
 training step still equals eager, each unit holds several kernels, and a source a shared unit cannot
 hold is left to Inductor."""
+import copy
+
 import pytest
 import torch
 
@@ -47,3 +49,23 @@ def test_a_source_a_shared_unit_cannot_hold_is_left_to_inductor():
                 kernel + 'extern "C" void other(float* x) {}\n',                  # a second C symbol
                 kernel.replace("kernel(", "entry(")):                             # no kernel( entry
         assert _cpu_kernels._split(bad) is None, bad
+
+
+def test_a_unit_that_does_not_build_falls_back_to_a_build_a_kernel_and_says_so(monkeypatch):
+    """A unit g++ rejects (here: made so on purpose) costs only time: its kernels are built one a unit, as
+    Inductor builds them, the step still equals eager, and the fallback is counted and warned about."""
+    real = _cpu_kernels.unit_source
+    monkeypatch.setattr(_cpu_kernels, "unit_source", lambda cache, kernels: real(cache, kernels) + "\n#error colauto test\n")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    ref = copy.deepcopy(model)
+    x = torch.randn(8, 16)
+    failed, alone = sum(_cpu_kernels.UNIT_FAILED.values()), _cpu_kernels.SEPARATE["kernels"]
+    compiled = torch.compile(model, backend="colauto", options={"codegen": "inductor"})
+    with pytest.warns(UserWarning, match="did not build as one C\\+\\+ unit"):
+        compiled(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+    assert sum(_cpu_kernels.UNIT_FAILED.values()) > failed
+    assert _cpu_kernels.SEPARATE["kernels"] > alone
