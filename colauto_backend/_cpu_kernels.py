@@ -5,7 +5,7 @@ is its one adapter).
 Inductor builds each CPU kernel of a graph as its own shared library: one g++ run a kernel, about 0.5 s
 each on a 2-core CPU, of which half is loading the 130 MB precompiled header of Inductor's C++ prefix and a
 fifth is linking; the kernel itself compiles in about 0.15 s. A tiny HF Llama's training step has 45 such
-kernels, 22 s of a 27 s test. Inside `batched()` (around `compile_fx_inner` of a CPU graph), each kernel
+kernels, 22 s of a 27 s test. Inside `batched()` (around each `compile_fx_inner` colauto runs), each CPU kernel
 Inductor asks for is held until the generated module waits for its kernels (`AsyncCompile.wait`, only
 with more than one compile thread: otherwise Inductor compiles each at once and nothing changes here);
 then they are compiled in as many units as there are compile threads, in parallel. Each kernel keeps its
