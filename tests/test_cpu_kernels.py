@@ -1,6 +1,7 @@
 """Inductor's CPU kernels of a graph built a few to a C++ unit (colauto_backend/_cpu_kernels.py): the
 training step still equals eager, each unit holds several kernels, and a source a shared unit cannot
 hold is left to Inductor."""
+import collections
 import copy
 
 import pytest
@@ -60,12 +61,13 @@ def test_a_unit_that_does_not_build_falls_back_to_a_build_a_kernel_and_says_so(m
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
     ref = copy.deepcopy(model)
     x = torch.randn(8, 16)
-    failed, alone = sum(_cpu_kernels.UNIT_FAILED.values()), _cpu_kernels.SEPARATE["kernels"]
+    monkeypatch.setattr(_cpu_kernels, "UNIT_FAILED", collections.Counter())   # warned once: once more here
+    alone = _cpu_kernels.SEPARATE["kernels"]
     compiled = torch.compile(model, backend="colauto", options={"codegen": "inductor"})
     with pytest.warns(UserWarning, match="did not build as one C\\+\\+ unit"):
         compiled(x).square().mean().backward()
     ref(x).square().mean().backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
-    assert sum(_cpu_kernels.UNIT_FAILED.values()) > failed
+    assert sum(_cpu_kernels.UNIT_FAILED.values()) > 0
     assert _cpu_kernels.SEPARATE["kernels"] > alone
