@@ -11,7 +11,8 @@ with profile_memory: every allocation and free with its time, Inductor's wrapper
 included), plus what is allocated before the step (parameters, buffers, batch, AdamW state). The
 step holds the model's outputs (the logits) until after the optimizer step, as the memory model
 assumes. The predicted peak is the largest of the compiled graphs' (`peak_memory_bytes` of each
-planned graph's analysis). Writes peaks.json to DIR and prints one line per point; exit status 0
+planned graph's analysis); the compiled code's, where Inductor generated every graph's code, is the
+step's peak with its graphs run as their generated wrappers allocate (`Analysis.compiled_peak`). Writes peaks.json to DIR and prints one line per point; exit status 0
 whatever the error (this measures, it does not judge).
 
 CPU only: GPU peaks come from bench.run (torch.cuda.max_memory_allocated) on a GPU host.
@@ -47,7 +48,10 @@ def measured_step(model, batch: dict, options: dict) -> tuple[int, list]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         del out
-    step()
+    import torch._inductor.config as inductor_config
+    # every graph is generated anew (no cache), so that its generated code's allocations are read
+    with inductor_config.patch(force_disable_caches=True):
+        step()
     step()
     held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers(), *batch.values()]
                + [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)])
@@ -89,6 +93,11 @@ def points(name: str, codegen: str, fractions: list[float]) -> list[dict]:
             continue
         evs = [a.evaluate(a.hints) for a in planned]
         predicted = max(ev["peak_memory_bytes"] for ev in evs)
+        # the peak with each graph run as Inductor's generated code allocates (None: not compiled by Inductor)
+        compiled = [a.compiled_peak() for a in planned]
+        if compiled and all(c is not None for c in compiled):
+            row["compiled_bytes"] = max(c[0] for c in compiled)
+            row["compiled_error_pct"] = 100 * (row["compiled_bytes"] / measured - 1)
         if fraction is None:
             base = (predicted, evs[0]["param_bytes"] + evs[0]["grad_bytes"] + evs[0]["optimizer_state_bytes"])
         rows.append(row | {"measured_bytes": measured, "predicted_bytes": predicted, "graphs": len(evs),
@@ -128,6 +137,8 @@ def main(argv=None) -> int:
                     continue
                 print(f"{where} measured {row['measured_bytes'] / 2**20:8.2f} MiB  predicted "
                       f"{row['predicted_bytes'] / 2**20:8.2f} MiB  ({row['error_pct']:+.1f}%)"
+                      + (f"  compiled code {row['compiled_bytes'] / 2**20:8.2f} MiB ({row['compiled_error_pct']:+.1f}%)"
+                         if "compiled_bytes" in row else "")
                       + (f"  fusions refused {row['fusions_refused']}" if row["fraction"] is not None else "")
                       + ("  MEASURED ABOVE THE BUDGET" if row["over_budget"] else ""), flush=True)
     out = Path(args.out)

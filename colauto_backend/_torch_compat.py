@@ -395,10 +395,67 @@ except OSError:   # installed without its .py sources
     _PLANNED_RULES_KEY = "colauto _as_planned (no source)"
 
 
+# graphs compiled by Inductor whose wrapper's allocations were not read (a cache hit compiles nothing;
+# config.memory_planning plans its own pools): their peak stays the memory model's
+WRAPPER_UNREAD = counters.counter("Inductor graphs whose allocations were not read")
+
+
+@contextlib.contextmanager
+def wrapper_allocations(sink: list):
+    """Appends to `sink`, for each graph Inductor generates code for meanwhile, what its Python wrapper
+    allocates and frees, in its order, once Inductor's buffer reuse is planned (`memory_plan_reuse`):
+    a list of (bytes, freed input), at the compile's sizes. An allocation (`empty_strided`, an extern
+    kernel's result, an indexed multi-output) is (+bytes, ""); a freed buffer that was not reused is
+    (-bytes, ""); a reused one (in place, or a freed buffer of the same key) is nothing; `del` of a graph
+    input is (0, its placeholder's name): whether its storage dies is the caller's to know. The
+    allocator's own work space inside extern kernels is not seen. Replaces
+    `PythonWrapperCodegen.memory_plan_reuse` (torch 2.11-2.13) for the compile."""
+    from torch._inductor.codegen import wrapper
+    original = wrapper.PythonWrapperCodegen.memory_plan_reuse
+
+    def memory_plan_reuse(self):
+        original(self)
+        try:
+            sink.append(_allocations(self))
+        except Exception as exc:  # noqa: BLE001 - an unreadable wrapper leaves the model's figure, counted
+            WRAPPER_UNREAD[f"unreadable: {type(exc).__name__}"] += 1
+    wrapper.PythonWrapperCodegen.memory_plan_reuse = memory_plan_reuse
+    try:
+        yield
+    finally:
+        wrapper.PythonWrapperCodegen.memory_plan_reuse = original
+
+
+def _allocations(code) -> list[tuple[int, str]]:
+    from torch._inductor import ir
+    from torch._inductor.codegen import wrapper
+    from torch._inductor.utils import get_dtype_size
+    from torch._inductor.virtualized import V
+    sizevars = V.graph.sizevars
+    hint = getattr(sizevars, "optimization_hint", None) or sizevars.size_hint
+
+    def nbytes(node) -> int:
+        layout = node.get_output_spec() if hasattr(node, "get_output_spec") else node.get_layout()
+        if isinstance(layout, (ir.MultiOutputLayout, ir.NoneLayout)) or node.get_inputs_that_alias_output():
+            return 0
+        return int(hint(V.graph.get_allocation_storage_size(node), fallback=0)) * get_dtype_size(node.get_dtype())
+    events = []
+    for line in code.lines:
+        if isinstance(line, (wrapper.AllocateLine, wrapper.ExternKernelAllocLine)):
+            events.append((nbytes(line.node), ""))
+        elif isinstance(line, wrapper.MultiOutputLine):
+            events.append((nbytes(V.graph.get_buffer(line.result_name)), ""))
+        elif isinstance(line, wrapper.FreeIfNotReusedLine) and not line.is_reused:
+            events.append((-nbytes(line.node), ""))
+        elif isinstance(line, wrapper.FreeLine) and line.node.get_name() in V.graph.graph_inputs:
+            events.append((0, line.node.get_name()))
+    return events
+
+
 def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_backward: bool,
                       is_inference: bool = False, num_user_outputs: int | None = None,
                       own_buckets: bool = False, own_gathers: bool = False, keep_order: bool = False,
-                      remat: RematCodegen | None = None) -> Callable:
+                      remat: RematCodegen | None = None, allocations: list | None = None) -> Callable:
     """Hand an already-partitioned aten graph to Inductor's code generation (no re-partition).
     `num_user_outputs`: the Dynamo graph's outputs, whose strides Inductor keeps as eager's. A graph
     with collectives (a distributed plan) gets Inductor's collective bucketing and compute/communication
@@ -410,7 +467,9 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
     all-gather bucketing, which would wait for a whole bucket at its first use, stays off. `keep_order`:
     the graph's collectives must each be waited before the next starts (gloo, `parallel.overlap`);
     Inductor's compute/communication reordering stays off.
-    `remat`: the recomputation of a graph colauto planned (`_as_planned`); None: compiled as torch.compile would."""
+    `remat`: the recomputation of a graph colauto planned (`_as_planned`); None: compiled as torch.compile would.
+    `allocations`: gets what the compiled wrapper allocates and frees (`wrapper_allocations`), where
+    Inductor generates its code."""
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     _mark_user_visible_outputs(gm, is_backward=is_backward, is_inference=is_inference,
@@ -434,8 +493,9 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
     _register_fallbacks(gm)
     from ._cpu_kernels import batched
     with inductor_config.patch(passes), _inductor_context(gm, example_inputs), batched(), \
-            (_as_planned(remat) if remat is not None else contextlib.nullcontext()):   # as compile_fx calls it
-        return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)
+            (_as_planned(remat) if remat is not None else contextlib.nullcontext()), \
+            (wrapper_allocations(allocations) if allocations is not None else contextlib.nullcontext()):
+        return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)   # as compile_fx calls it
 
 
 # torch 2.11's all-reduce and reduce-scatter bucketing flatten each input with view(-1) (2.13: reshape),

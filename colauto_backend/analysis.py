@@ -52,6 +52,19 @@ class Analysis:
     planner: Any = None                       # the planner.Planner of this joint graph (plans other budgets)
     codegen: str = ""                         # the code generation that runs the graph ("inductor (auto)": chosen by device)
     cost_cpu_s: float = 0.0                   # CPU seconds of analyze(): unaffected by other processes on the cores
+    # per graph ("fwd", "bwd") Inductor compiled: what its generated code allocates and frees
+    # (`compat.wrapper_allocations`), recorded when it is compiled; read by `compiled_peak`
+    allocations: dict[str, list[tuple[int, str]]] = dataclasses.field(default_factory=dict)
+
+    def compiled_peak(self) -> tuple[int, str] | None:
+        """The step's peak (bytes, where) at the compile's sizes with each graph run as Inductor's
+        generated code allocates and frees (`memory.compiled_peak`); None until the code of every graph
+        of the step was read (a graph Inductor did not compile, or took from its cache, has none)."""
+        graphs = set(self.timeline.before)
+        if not graphs or set(self.allocations) != graphs:
+            return None
+        return memory.compiled_peak(self.timeline, self.allocations, self.basis.values(self.hints),
+                                    self.device.alloc_round)
 
     def repartitioned(self, fw: fx.GraphModule, bw: fx.GraphModule, *, num_fwd_outputs: int,
                       param_indices: Sequence[int], recomputed: frozenset[str]) -> "Analysis":

@@ -111,7 +111,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         unused = output_grads.decide(gm, "output_grads=all" if config.output_grads == "all" else
                                      "cuda graphs" if config.cudagraphs else None)
         marked = False
-        recomputing: list[frozenset] = []   # what the chosen plan recomputes, once partitioned (empty: no plan)
+        planned: list[Analysis] = []   # the graph's published analysis, once partitioned (its plan, if any)
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
@@ -180,7 +180,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                                     exact=config.codegen == "aten")
             chosen, graphs, analysis = remat.plan(budget)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
-            recomputing[:] = [analysis.recomputed] if analysis.recomputed else []
+            planned[:] = [analysis]
             publish(analysis)
             return graphs if graphs is not None else (fw, bw)
 
@@ -192,7 +192,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             publish(analyze_graph(gm_inf, None, None, 0, params))
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
-        codegen = _codegen(config, compat.num_outputs(gm), inductor_rest, recomputing)
+        codegen = _codegen(config, compat.num_outputs(gm), inductor_rest, planned)
         # the backward may be compiled at its first run, outside the (paused) backend call: paused there too
         compilers = [functools.partial(codegen, is_backward=False),
                      planner.gc_paused(functools.partial(codegen, is_backward=True)), inference]
@@ -254,22 +254,38 @@ def rest_by_inductor(inputs: list) -> bool:
             and bool(triton_kernels.available()))
 
 
+def _record_allocations(analysis: Analysis, tag: str, allocations: list, config: cfg.Config) -> None:
+    """Keep what the graph `tag`'s generated code allocates on its analysis (one wrapper: the graph's own;
+    none: Inductor took the graph from its cache, or planned memory its own way); once every graph of
+    the step has been read, report the compiled code's peak beside the model's."""
+    if len(allocations) != 1:
+        compat.WRAPPER_UNREAD["from Inductor's cache" if not allocations else "several wrappers"] += 1
+        return
+    analysis.allocations[tag] = allocations[0]
+    compiled = analysis.compiled_peak()
+    if compiled is not None:
+        report.emit_compiled_peak(analysis, compiled, config.report)
+
+
 def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
-             recomputing: Sequence[frozenset] = ()) -> Callable:
+             planned: Sequence[Analysis] = ()) -> Callable:
     """The compiler for one Dynamo graph's forward, backward and inference graphs; `user_outputs`: how
     many outputs the Dynamo graph has (Inductor keeps their strides as eager's); `inductor_rest`: under
     codegen triton, Inductor compiles what the kernels leave (`rest_by_inductor`, decided once per
-    Dynamo graph, as the memory model was). `recomputing`: what the graph's remat plan recomputes (the
-    forward ops its backward runs again), empty where colauto planned nothing: Inductor then compiles as
-    for torch.compile; with a plan, Inductor runs the plan as the memory model has it
-    (`compat.run_with_inductor`'s `remat`)."""
+    Dynamo graph, as the memory model was). `planned`: the training graph's analysis, once partitioned.
+    Where its plan recomputes (forward ops its backward runs again), Inductor runs the plan as the
+    memory model has it (`compat.run_with_inductor`'s `remat`); else Inductor compiles as for
+    torch.compile. Each graph Inductor compiles records what its code allocates on the analysis
+    (`Analysis.allocations`), and once every graph of the step has, COLAUTO_REPORT gets the peak of
+    the compiled code beside the model's (`report.emit_compiled_peak`)."""
     recorder = cuda_graphs.Recorder(config.report) if config.cudagraphs else None
 
     def run(gm, inputs, *, is_backward, is_inference=False):
         remat = None
-        if recomputing and not is_inference:
+        analysis = planned[0] if planned and not is_inference else None
+        if analysis is not None and analysis.recomputed:
             recomputed = frozenset(n.name for n in gm.graph.nodes
-                                   if n.op == "call_function" and n.name in recomputing[0]) if is_backward else frozenset()
+                                   if n.op == "call_function" and n.name in analysis.recomputed) if is_backward else frozenset()
             remat = compat.RematCodegen(recomputed, memory.needed_at(gm.graph, recomputed) if recomputed else {},
                                         config.planned_rules)
         if is_backward:   # marked tangents read as zeros, and take None (none marked: nothing changes)
@@ -294,12 +310,15 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
                                config.report)
         if inductor:
             refused = sum(compat.RECOMPUTE_KEPT_APART.values())
+            allocations: list | None = [] if analysis is not None else None
             fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
                                           num_user_outputs=user_outputs,
                                           own_buckets=scheduled is not None and scheduled.waits_moved > 0,
                                           own_gathers=scheduled is not None and scheduled.gathers_prefetched > 0,
                                           keep_order=scheduled is not None and scheduled.kept_in_order,
-                                          remat=remat)
+                                          remat=remat, allocations=allocations)
+            if analysis is not None:
+                _record_allocations(analysis, "bwd" if is_backward else "fwd", allocations, config)
             if remat is not None and remat.recomputed:
                 report.emit_planned_rules({"recomputed": len(remat.recomputed), "rules": sorted(remat.rules),
                                            "fusions_refused": sum(compat.RECOMPUTE_KEPT_APART.values()) - refused},

@@ -140,7 +140,7 @@ def test_a_value_read_twice_is_written_once_it_reads_more_than_four_buffers():
 
 @pytest.mark.parametrize("name, codegen, fraction", [("gpt_neox", "aten", None), ("qwen2", "aten", 0.6),
                                                      ("qwen2", "triton", None), ("t5", "inductor", 0.6),
-                                                     ("gpt2", "inductor", None)])
+                                                     ("gpt2", "inductor", None), ("qwen2", "inductor", 0.8)])
 def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction):
     """The predicted peak of a compiled HF training step against the CPU allocator's (every allocation and
     free of the step, replayed: `bench.cpu_peak`), fp32, batch 8 x 256 on tiny configs so activations
@@ -156,12 +156,46 @@ def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction):
     previous rule held its GELU gradient's inputs), but not into one a reduction it fuses also reads;
     and under a plan, Inductor's horizontal fusion computed T5's recomputed attention scores long before
     their use, and its buffer reuse held freed buffers for later ones (T5 at 0.6: 57.96 MiB measured
-    against 47.67 predicted, over the budget; now 47.04: `compat._as_planned`)."""
+    against 47.67 predicted, over the budget; now 47.04: `compat._as_planned`).
+    Under Inductor the peak of the compiled code (each graph run as its generated wrapper allocates and
+    frees: `Analysis.compiled_peak`) is within 2% whatever the model's error: Qwen2 at 0.8 (-0.1%), where
+    the model runs the recomputed residual chain as one group held until each layer's backward (+6.3%);
+    T5 at 0.6 0.0%; GPT-2 +1.8%. Not everywhere: the allocations aten makes inside an extern kernel are
+    not seen (GPT-NeoX at 0.8: -7.8%, its CPU attention backward's), and BERT is +4.7%
+    (bench/results/cpu-2026-12-04-compiled-peak)."""
     from bench import cpu_peak
     rows = cpu_peak.points(name, codegen, [] if fraction is None else [fraction])
     for row in rows:
         assert "error" not in row, row
-        tolerance = 0.05 if codegen == "inductor" else 5e-3
-        assert row["predicted_bytes"] == pytest.approx(row["measured_bytes"], rel=tolerance), row
+        if (name, codegen, row["fraction"]) == ("qwen2", "inductor", 0.8):   # the model's known error: high
+            assert row["measured_bytes"] < row["predicted_bytes"] < 1.07 * row["measured_bytes"], row
+        else:
+            tolerance = 0.05 if codegen == "inductor" else 5e-3
+            assert row["predicted_bytes"] == pytest.approx(row["measured_bytes"], rel=tolerance), row
         assert not row["over_budget"], row
+        if codegen == "inductor":
+            assert row["compiled_bytes"] == pytest.approx(row["measured_bytes"], rel=0.02), row
+        else:   # no graph Inductor compiled: nothing read
+            assert "compiled_bytes" not in row, row
     assert len(rows) == (1 if fraction is None else 2)
+
+
+def test_compiled_peak_frees_an_input_storage_once_every_input_holding_it_is_freed():
+    """`memory.compiled_peak` by hand: the backward starts from the model's 10 bytes in use; two of its
+    inputs (a, b) share one 4-byte storage, which dies only when both are freed; the optimizer row
+    (the model's, outside the compiled graphs) is 12. Events +5, del a, +3 (peak 18), del b (-4), +2,
+    -6: a peak of 18 in the backward."""
+    import numpy as np
+    from colauto_backend.cost import memory
+    tl = memory.Timeline(rows=np.array([[3.0], [11.0], [12.0]]), labels=["start", "bwd:x", "optimizer"],
+                         params=0, grads=0, optimizer_state=0, saved=0, saved_nodes=[], inputs=0,
+                         before={"bwd": np.array([10.0])}, freeable={"bwd": [(np.array([4.0]), ("a", "b"))]})
+    events = [(5, ""), (0, "a"), (3, ""), (0, "b"), (2, ""), (-6, "")]
+    assert memory.compiled_peak(tl, {"bwd": events}, np.array([1.0])) == (18, "bwd (compiled)")
+    # the storage never dies (b is never freed): 10 + 5 + 3 + 2 = 20
+    assert memory.compiled_peak(tl, {"bwd": [e for e in events if e[1] != "b"]}, np.array([1.0]))[0] == 20
+    # each allocation rounded to 16 bytes: 10 + 16 + 16 - 4 (the input storage is the model's, not
+    # rounded again) + 16 = 54
+    assert memory.compiled_peak(tl, {"bwd": events}, np.array([1.0]), alloc_round=16)[0] == 54
+    # no compiled graph: the model's rows
+    assert memory.compiled_peak(tl, {}, np.array([1.0])) == (12, "optimizer")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import operator
 import weakref
 from typing import Callable, Sequence
@@ -42,6 +43,10 @@ class Timeline:
     saved_nodes: list[tuple[str, Expr]]   # (forward node, bytes) of each saved storage, counted once
     inputs: Expr
     fused: frozenset[str] = frozenset()   # nodes costing no kernel of their own (Inductor codegen): kernel_fused_of
+    # per graph ("fwd", "bwd"): memory in use as it starts, and the storages its inputs hold that die
+    # when the graph drops them (each: its size, the inputs that share it); read by `compiled_peak`
+    before: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    freeable: dict[str, list[tuple[np.ndarray, tuple[str, ...]]]] = dataclasses.field(default_factory=dict)
 
 
 # Inductor's lowering computes a pointwise result inside the loops of the kernels that read it (its value
@@ -228,6 +233,8 @@ class _Sim:
         self._released: dict[fx.Node, list[fx.Node]] = {}   # run_nodes: node -> the values that die in it
         self.rows: list[np.ndarray] = []
         self.labels: list[str] = []
+        self.before: dict[str, np.ndarray] = {}
+        self.freeable: dict[str, list[tuple[np.ndarray, tuple[str, ...]]]] = {}
 
     def _vec(self, sparse) -> np.ndarray:
         v = np.zeros(len(self.basis.terms))
@@ -281,6 +288,16 @@ class _Sim:
         self.virtual = fused_away_of(calls, returned, cpu=self.device.name == "cpu") if self.fused else set()
         if self.fused:
             self.fused_names.update(n.name for n in kernel_fused_of(calls, returned, recomputed))
+        self._grow()
+        self.before[tag] = self.state.copy()
+        if not placeholders_held:   # the storages only this graph's inputs hold die when it drops them
+            names: dict[int, list[str]] = {}
+            for n in nodes:
+                if n.op == "placeholder":
+                    for sid in env.get(n.name, []):
+                        names.setdefault(sid, []).append(n.name)
+            self.freeable[tag] = [(self._vec(self.size[sid]), tuple(ns)) for sid, ns in names.items()
+                                  if self.refs[sid] == len(ns)]
         return self.run_nodes([n for n in nodes if n.op not in ("placeholder", "output")],
                               [n for n in nodes if n.op == "placeholder"], list(nodes[-1].args[0]),
                               tag, env, placeholders_held)
@@ -495,9 +512,42 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
     rows = np.zeros((len(sim.rows), len(basis.terms)))
     for i, r in enumerate(sim.rows):     # rows recorded before later basis terms existed are shorter
         rows[i, :len(r)] = r
+    k = len(basis.terms)
+    padded = lambda v: np.pad(v, (0, k - len(v)))  # noqa: E731
     return Timeline(rows=rows, labels=sim.labels, params=total["params"], grads=total["grads"],
                     optimizer_state=total["opt"], saved=sympy.Add(*[e for _, e in saved_nodes]),
-                    inputs=total["inputs"], saved_nodes=saved_nodes, fused=frozenset(sim.fused_names))
+                    inputs=total["inputs"], saved_nodes=saved_nodes, fused=frozenset(sim.fused_names),
+                    before={t: padded(v) for t, v in sim.before.items()},
+                    freeable={t: [(padded(v), ns) for v, ns in g] for t, g in sim.freeable.items()})
+
+
+def compiled_peak(tl: Timeline, allocations: dict[str, list[tuple[int, str]]], values: np.ndarray,
+                  alloc_round: int = 1) -> tuple[int, str]:
+    """The step's peak (bytes, where) with the graphs Inductor compiled run as their generated code
+    does (`allocations`: per graph tag, what its wrapper allocates and frees, `compat.wrapper_allocations`)
+    instead of as the model runs their nodes: each such graph starts from the memory the model has in
+    use at its start, and an input's storage dies when every input that holds it is freed. The rest of
+    the step (before the forward, the optimizer step) is the model's."""
+    mem = tl.rows @ values
+    tags = tuple(f"{t}:" for t in allocations)
+    rest = [(int(round(m)), label) for m, label in zip(mem, tl.labels) if not label.startswith(tags)]
+    best = max(rest, default=(0, ""))
+    for tag, events in allocations.items():
+        live = peak = float(tl.before[tag] @ values)
+        groups = [(float(v @ values), set(ns)) for v, ns in tl.freeable.get(tag, [])]
+        for nbytes, freed in events:
+            if freed:
+                for i, (size, ns) in enumerate(groups):
+                    if freed in ns:
+                        ns.discard(freed)
+                        if not ns:
+                            live -= size
+                continue
+            live += math.copysign(-(-abs(nbytes) // alloc_round) * alloc_round, nbytes) if alloc_round > 1 else nbytes
+            peak = max(peak, live)
+        if peak > best[0]:
+            best = (int(round(peak)), f"{tag} (compiled)")
+    return best
 
 
 TRAINS = "colauto_trains"   # a primal placeholder's meta: whether it is a parameter that trains (mark_trained)
