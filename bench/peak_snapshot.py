@@ -11,7 +11,9 @@ the compile instead, and held.txt lists what is allocated at the end of the step
 parameters, optimizer state, and anything else) with the Python frames that allocated it. Under colauto
 (without --held) it also writes predicted.txt:
 the memory model's storages live at its predicted peak (`cost.memory.live_at_peak`, the node that made
-each), for the graph compiled last (the step's, where it has one graph). For checking the memory model by hand.
+each), for the graph compiled last (the step's, where it has one graph); and compiled.txt: the buffers
+live at the peak of the compiled code (`cost.memory.compiled_live_at_peak`). For checking the memory
+model by hand.
 """
 from __future__ import annotations
 
@@ -124,6 +126,14 @@ def main(argv=None) -> int:
         rows += [f"{b / 2**20:10.1f} MiB  {name}" for name, b in live]
         (out / "predicted.txt").write_text("\n".join(rows) + "\n")
         print("\n".join(rows[:40]))
+        if set(analysis.allocations) == set(analysis.timeline.before):   # Inductor's code of every graph was read
+            peak_c, where_c, live_c = memory.compiled_live_at_peak(
+                analysis.timeline, analysis.allocations, analysis.basis.values(analysis.hints), analysis.device.alloc_round)
+            rows = [f"peak of the compiled code {peak_c / GiB:.3f} GiB at {where_c} (`Analysis.compiled_peak`: each "
+                    "graph run as its generated wrapper allocates and frees); live there:", ""]
+            rows += [f"{b / 2**20:10.1f} MiB  {name}" for name, b in live_c]
+            (out / "compiled.txt").write_text("\n".join(rows) + "\n")
+            print("\n".join(rows[:40]))
     for f in files:
         if Path(f).exists():
             shutil.copy(f, out / Path(f).name)

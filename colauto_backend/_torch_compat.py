@@ -404,10 +404,11 @@ WRAPPER_UNREAD = counters.counter("Inductor graphs whose allocations were not re
 def wrapper_allocations(sink: list):
     """Appends to `sink`, for each graph Inductor generates code for meanwhile, what its Python wrapper
     allocates and frees, in its order, once Inductor's buffer reuse is planned (`memory_plan_reuse`):
-    a list of (bytes, freed input), at the compile's sizes. An allocation (`empty_strided`, an extern
-    kernel's result, an indexed multi-output) is (+bytes, ""); a freed buffer that was not reused is
-    (-bytes, ""); a reused one (in place, or a freed buffer of the same key) is nothing; `del` of a graph
-    input is (0, its placeholder's name): whether its storage dies is the caller's to know. The
+    a list of (bytes, freed input, buffer), at the compile's sizes. An allocation (`empty_strided`, an
+    extern kernel's result, an indexed multi-output) is (+bytes, "", "buf7 (mm_3)": the buffer and the
+    graph node that made it); a freed buffer that was not reused is (-bytes, "", its name); a reused one
+    (in place, or a freed buffer of the same key) is nothing; `del` of a graph input is (0, its
+    placeholder's name, that name): whether its storage dies is the caller's to know. The
     allocator's own work space inside extern kernels is not seen. Replaces
     `PythonWrapperCodegen.memory_plan_reuse` (torch 2.11-2.13) for the compile."""
     from torch._inductor.codegen import wrapper
@@ -426,7 +427,7 @@ def wrapper_allocations(sink: list):
         wrapper.PythonWrapperCodegen.memory_plan_reuse = original
 
 
-def _allocations(code) -> list[tuple[int, str]]:
+def _allocations(code) -> list[tuple[int, str, str]]:
     from torch._inductor import ir
     from torch._inductor.codegen import wrapper
     from torch._inductor.utils import get_dtype_size
@@ -439,16 +440,20 @@ def _allocations(code) -> list[tuple[int, str]]:
         if isinstance(layout, (ir.MultiOutputLayout, ir.NoneLayout)) or node.get_inputs_that_alias_output():
             return 0
         return int(hint(V.graph.get_allocation_storage_size(node), fallback=0)) * get_dtype_size(node.get_dtype())
+    def named(node) -> str:   # the buffer, and the graph node that made it
+        origin = node.get_origin_node() if hasattr(node, "get_origin_node") else None
+        return node.get_name() + (f" ({origin.name})" if origin is not None else "")
     events = []
     for line in code.lines:
         if isinstance(line, (wrapper.AllocateLine, wrapper.ExternKernelAllocLine)):
-            events.append((nbytes(line.node), ""))
+            events.append((nbytes(line.node), "", named(line.node)))
         elif isinstance(line, wrapper.MultiOutputLine):
-            events.append((nbytes(V.graph.get_buffer(line.result_name)), ""))
+            buf = V.graph.get_buffer(line.result_name)
+            events.append((nbytes(buf), "", named(buf)))
         elif isinstance(line, wrapper.FreeIfNotReusedLine) and not line.is_reused:
-            events.append((-nbytes(line.node), ""))
+            events.append((-nbytes(line.node), "", named(line.node)))
         elif isinstance(line, wrapper.FreeLine) and line.node.get_name() in V.graph.graph_inputs:
-            events.append((0, line.node.get_name()))
+            events.append((0, line.node.get_name(), line.node.get_name()))
     return events
 
 

@@ -190,8 +190,8 @@ def test_compiled_peak_frees_an_input_storage_once_every_input_holding_it_is_fre
     tl = memory.Timeline(rows=np.array([[3.0], [11.0], [12.0]]), labels=["start", "bwd:x", "optimizer"],
                          params=0, grads=0, optimizer_state=0, saved=0, saved_nodes=[], inputs=0,
                          before={"bwd": np.array([10.0])}, freeable={"bwd": [(np.array([4.0]), ("a", "b"))]})
-    events = [(5, ""), (0, "a"), (3, ""), (0, "b"), (2, ""), (-6, "")]
-    assert memory.compiled_peak(tl, {"bwd": events}, np.array([1.0])) == (18, "bwd (compiled)")
+    events = [(5, "", "x"), (0, "a", "a"), (3, "", "y"), (0, "b", "b"), (2, "", "z"), (-6, "", "x")]
+    assert memory.compiled_peak(tl, {"bwd": events}, np.array([1.0])) == (18, "bwd (compiled) at y")
     # the storage never dies (b is never freed): 10 + 5 + 3 + 2 = 20
     assert memory.compiled_peak(tl, {"bwd": [e for e in events if e[1] != "b"]}, np.array([1.0]))[0] == 20
     # each allocation rounded to 16 bytes: 10 + 16 + 16 - 4 (the input storage is the model's, not

@@ -235,6 +235,7 @@ class _Sim:
         self.labels: list[str] = []
         self.before: dict[str, np.ndarray] = {}
         self.freeable: dict[str, list[tuple[np.ndarray, tuple[str, ...]]]] = {}
+        self.tangents: set[int] = set()    # the backward's tangent storages (_run_step)
 
     def _vec(self, sparse) -> np.ndarray:
         v = np.zeros(len(self.basis.terms))
@@ -290,14 +291,17 @@ class _Sim:
             self.fused_names.update(n.name for n in kernel_fused_of(calls, returned, recomputed))
         self._grow()
         self.before[tag] = self.state.copy()
-        if not placeholders_held:   # the storages only this graph's inputs hold die when it drops them
+        if not placeholders_held:
+            # the storages only this graph's inputs hold die when it drops them; a tangent too, though the
+            # model holds it until the backward returns: AOTAutograd hands its compiled backward the only
+            # reference (HF BERT's 2 MiB logits gradient died at the wrapper's `del`, CPU allocator)
             names: dict[int, list[str]] = {}
             for n in nodes:
                 if n.op == "placeholder":
                     for sid in env.get(n.name, []):
                         names.setdefault(sid, []).append(n.name)
             self.freeable[tag] = [(self._vec(self.size[sid]), tuple(ns)) for sid, ns in names.items()
-                                  if self.refs[sid] == len(ns)]
+                                  if self.refs[sid] == len(ns) + (sid in self.tangents)]
         return self.run_nodes([n for n in nodes if n.op not in ("placeholder", "output")],
                               [n for n in nodes if n.op == "placeholder"], list(nodes[-1].args[0]),
                               tag, env, placeholders_held)
@@ -521,32 +525,54 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
                     freeable={t: [(padded(v), ns) for v, ns in g] for t, g in sim.freeable.items()})
 
 
-def compiled_peak(tl: Timeline, allocations: dict[str, list[tuple[int, str]]], values: np.ndarray,
+def compiled_peak(tl: Timeline, allocations: dict[str, list[tuple[int, str, str]]], values: np.ndarray,
                   alloc_round: int = 1) -> tuple[int, str]:
     """The step's peak (bytes, where) with the graphs Inductor compiled run as their generated code
     does (`allocations`: per graph tag, what its wrapper allocates and frees, `compat.wrapper_allocations`)
     instead of as the model runs their nodes: each such graph starts from the memory the model has in
     use at its start, and an input's storage dies when every input that holds it is freed. The rest of
     the step (before the forward, the optimizer step) is the model's."""
+    return compiled_live_at_peak(tl, allocations, values, alloc_round)[:2]
+
+
+def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, str, str]]], values: np.ndarray,
+                          alloc_round: int = 1) -> tuple[int, str, list[tuple[str, int]]]:
+    """`compiled_peak`, and what is live there: (name, bytes) of the compiled graph's own buffers, of
+    its inputs' storages not yet freed, and the rest of what the model has in use at its start."""
     mem = tl.rows @ values
     tags = tuple(f"{t}:" for t in allocations)
     rest = [(int(round(m)), label) for m, label in zip(mem, tl.labels) if not label.startswith(tags)]
-    best = max(rest, default=(0, ""))
+    best = (*max(rest, default=(0, "")), [])
+    rounded = (lambda b: math.copysign(-(-abs(b) // alloc_round) * alloc_round, b)) if alloc_round > 1 else (lambda b: b)
     for tag, events in allocations.items():
-        live = peak = float(tl.before[tag] @ values)
-        groups = [(float(v @ values), set(ns)) for v, ns in tl.freeable.get(tag, [])]
-        for nbytes, freed in events:
+        start = float(tl.before[tag] @ values)
+        live = peak = start
+        groups = [(float(v @ values), set(ns), ns) for v, ns in tl.freeable.get(tag, [])]
+        inputs = sum(size for size, _, _ in groups)
+        buffers: dict[str, float] = {}
+        at_peak = None
+        for nbytes, freed, name in events:
             if freed:
-                for i, (size, ns) in enumerate(groups):
-                    if freed in ns:
-                        ns.discard(freed)
-                        if not ns:
+                for size, left, ns in groups:
+                    if freed in left:
+                        left.discard(freed)
+                        if not left:
                             live -= size
                 continue
-            live += math.copysign(-(-abs(nbytes) // alloc_round) * alloc_round, nbytes) if alloc_round > 1 else nbytes
-            peak = max(peak, live)
-        if peak > best[0]:
-            best = (int(round(peak)), f"{tag} (compiled)")
+            live += rounded(nbytes)
+            if nbytes > 0:
+                buffers[name] = rounded(nbytes)
+            else:
+                buffers.pop(name, None)
+            if live > peak:
+                peak = live
+                at_peak = (name, dict(buffers), [(ns, size) for size, left, ns in groups if left])
+        if peak > best[0] and at_peak is not None:
+            name, bufs, held = at_peak
+            listed = sorted([(n, int(b)) for n, b in bufs.items()]
+                            + [("input " + ",".join(ns), int(size)) for ns, size in held], key=lambda x: -x[1])
+            listed.append((f"the rest in use as {tag} starts", int(start - inputs)))
+            best = (int(round(peak)), f"{tag} (compiled) at {name.split(' ')[0]}", listed)
     return best
 
 
@@ -625,6 +651,7 @@ def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_f
                 tangents.append(sim.new(_placeholder_bytes(n)))
                 sim.ref(tangents[-1])
                 saved_env[n.name] = [tangents[-1]]
+        sim.tangents = set(tangents)
         # each saved value's forward-output reference passes to the backward input of that name
         split.run_bw(sim, saved_env)
         for s in tangents:
