@@ -191,7 +191,7 @@ def test_compiled_peak_frees_an_input_storage_once_every_input_holding_it_is_fre
                          params=0, grads=0, optimizer_state=0, saved=0, saved_nodes=[], inputs=0,
                          before={"bwd": np.array([10.0])}, freeable={"bwd": [(np.array([4.0]), ("a", "b"))]})
     events = [(5, "", "x"), (0, "a", "a"), (3, "", "y"), (0, "b", "b"), (2, "", "z"), (-6, "", "x")]
-    assert memory.compiled_peak(tl, {"bwd": events}, np.array([1.0])) == (18, "bwd (compiled) at y")
+    assert memory.compiled_peak(tl, {"bwd": events}, np.array([1.0])) == (18, "bwd:y (compiled)")
     # the storage never dies (b is never freed): 10 + 5 + 3 + 2 = 20
     assert memory.compiled_peak(tl, {"bwd": [e for e in events if e[1] != "b"]}, np.array([1.0]))[0] == 20
     # each allocation rounded to 16 bytes: 10 + 16 + 16 - 4 (the input storage is the model's, not
@@ -199,3 +199,25 @@ def test_compiled_peak_frees_an_input_storage_once_every_input_holding_it_is_fre
     assert memory.compiled_peak(tl, {"bwd": events}, np.array([1.0]), alloc_round=16)[0] == 54
     # no compiled graph: the model's rows
     assert memory.compiled_peak(tl, {}, np.array([1.0])) == (12, "optimizer")
+
+
+def test_a_compiled_peak_over_the_budget_is_warned_and_reported(capsys):
+    """`report.emit_compiled_peak`: the compiled code's peak and the model's, as COLAUTO_REPORT prints them;
+    over the plan's budget, a warning names the excess and the fix, whatever the report setting."""
+    import types
+    import warnings as w
+    from colauto_backend import report
+    MiB = 2**20
+
+    def analysis(budget):
+        return types.SimpleNamespace(hints={}, evaluate=lambda subs: {"peak_memory_bytes": 110 * MiB},
+                                     plan=types.SimpleNamespace(budget_bytes=budget))
+    report.emit_compiled_peak(analysis(120 * MiB), (100 * MiB, "bwd:buf3 (compiled)"), "1")
+    assert capsys.readouterr().out.strip() == ("colauto: peak of the compiled code 100.00 MiB at bwd:buf3 (compiled) "
+                                               "(memory model: 110.00 MiB, +10.0%); budget 120.00 MiB")
+    with pytest.warns(UserWarning, match=r"105.00 MiB .*budget 101.00 MiB - OVER THE BUDGET: set COLAUTO_MEMORY_BUDGET lower"):
+        report.emit_compiled_peak(analysis(101 * MiB), (105 * MiB, "bwd:buf9 (compiled)"), None)
+    assert capsys.readouterr().out == ""    # no report asked for: the warning alone
+    with w.catch_warnings():
+        w.simplefilter("error")             # under the budget, or no budget: no warning
+        report.emit_compiled_peak(analysis(None), (105 * MiB, "bwd:buf9 (compiled)"), None)

@@ -572,7 +572,7 @@ def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, s
             listed = sorted([(n, int(b)) for n, b in bufs.items()]
                             + [("input " + ",".join(ns), int(size)) for ns, size in held], key=lambda x: -x[1])
             listed.append((f"the rest in use as {tag} starts", int(start - inputs)))
-            best = (int(round(peak)), f"{tag} (compiled) at {name.split(' ')[0]}", listed)
+            best = (int(round(peak)), f"{tag}:{name.split(' ')[0]} (compiled)", listed)
     return best
 
 
