@@ -289,6 +289,14 @@ class _Sim:
         self.virtual = fused_away_of(calls, returned, cpu=self.device.name == "cpu") if self.fused else set()
         if self.fused:
             self.fused_names.update(n.name for n in kernel_fused_of(calls, returned, recomputed))
+        self._graph_starts(tag, nodes, env, placeholders_held)
+        return self.run_nodes([n for n in nodes if n.op not in ("placeholder", "output")],
+                              [n for n in nodes if n.op == "placeholder"], list(nodes[-1].args[0]),
+                              tag, env, placeholders_held)
+
+    def _graph_starts(self, tag: str, nodes: list[fx.Node], env: dict[str, list[int]], placeholders_held: bool) -> None:
+        """Note what `compiled_peak` needs of a graph about to run: the memory in use, and which of its
+        inputs' storages die when it drops them."""
         self._grow()
         self.before[tag] = self.state.copy()
         if not placeholders_held:
@@ -302,9 +310,6 @@ class _Sim:
                         names.setdefault(sid, []).append(n.name)
             self.freeable[tag] = [(self._vec(self.size[sid]), tuple(ns)) for sid, ns in names.items()
                                   if self.refs[sid] == len(ns) + (sid in self.tangents)]
-        return self.run_nodes([n for n in nodes if n.op not in ("placeholder", "output")],
-                              [n for n in nodes if n.op == "placeholder"], list(nodes[-1].args[0]),
-                              tag, env, placeholders_held)
 
     def run_nodes(self, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list, tag: str,
                   env: dict[str, list[int]], inputs_held: bool) -> list[list[int]]:
@@ -704,6 +709,9 @@ class _PeakSim(_Sim):
     def record(self, label: str) -> None:
         if self.state > self.peak:
             self.peak, self.peak_at = self.state, label
+
+    def _graph_starts(self, tag: str, nodes: list[fx.Node], env: dict[str, list[int]], placeholders_held: bool) -> None:
+        pass   # bytes only: `compiled_peak` reads the Timeline of simulate_step
 
     def record_node(self, tag: str, n: fx.Node) -> None:   # the label made only where the peak moves
         if self.state > self.peak:
