@@ -79,6 +79,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--modes", help=f"comma list of {', '.join(MODES)} (default: eager,inductor,colauto; "
                                    "with --suite hf every mode)")
     p.add_argument("--steps", type=int, default=12, help="timed steps")
+    p.add_argument("--hold-outputs", action="store_true",
+                   help="transformers models: hold the model's output (its logits) until after the optimizer step, "
+                        "as colauto's memory model assumes (default: only the loss is kept, as `loss = model(**batch).loss`)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (the first one compiles)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), help="autocast dtype (default bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if available")
@@ -150,7 +153,7 @@ def build_model(spec: dict, device: str):
     transformers model takes keyword arguments and returns a ModelOutput whose `.loss` is the loss."""
     if spec["model"].startswith("hf/"):
         model, batch = hf_zoo.build_hf(spec["model"][3:], spec["size"], device=device)
-        return model, lambda b, t: (batch(b, t),), lambda fn, inputs: hf_zoo.loss_of(fn(**inputs[0]))
+        return model, lambda b, t: (batch(b, t),), lambda fn, inputs: fn(**inputs[0])
     model, make_inputs = build(spec["model"], spec["size"], device=device)
     return model, make_inputs, lambda fn, inputs: fn(*inputs)
 
@@ -190,12 +193,22 @@ def predicted_by_compiled_graphs() -> dict:
 
 def training_step(fn, opt, x, targets, args, loss_of=None):
     """One step as the user's script would run it: autocast forward, backward, optimizer, grads to None.
-    `loss_of(fn, inputs)` calls a model that does not take `(x, targets)` (a transformers model)."""
+    `loss_of(fn, inputs)` calls a model that does not take `(x, targets)` (a transformers model) and gives
+    its output, whose loss trains; the output (its logits) is dropped before the backward, unless
+    `args.hold_outputs`: then it is held until after the optimizer step, as the memory model assumes."""
+    held = None
     with autocast(args):
-        loss = fn(x, targets) if loss_of is None else loss_of(fn, (x,) if targets is None else (x, targets))
+        if loss_of is None:
+            loss = fn(x, targets)
+        else:
+            held = loss_of(fn, (x,) if targets is None else (x, targets))
+            loss = hf_zoo.loss_of(held)
+    if not getattr(args, "hold_outputs", False):
+        held = None
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    del held
     return loss
 
 
