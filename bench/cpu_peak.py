@@ -31,8 +31,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 
-def measured_step(model, batch: dict, options: dict) -> tuple[int, list]:
-    """(measured peak bytes of the third step, the planned analyses of its compile)."""
+def measured_step(model, batch: dict, options: dict, drop_outputs: bool = False) -> tuple[int, list]:
+    """(measured peak bytes of the third step, the planned analyses of its compile). `drop_outputs`: the
+    step keeps only the loss (`loss = model(**batch).loss`), not the model's output until after the
+    optimizer step."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
@@ -44,7 +46,11 @@ def measured_step(model, batch: dict, options: dict) -> tuple[int, list]:
 
     def step():
         out = compiled(**batch)
-        out.loss.backward()
+        loss = out.loss
+        if drop_outputs:
+            del out
+            out = None
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         del out
@@ -70,7 +76,7 @@ def measured_step(model, batch: dict, options: dict) -> tuple[int, list]:
     return held + peak, [a for a in backend_mod.ANALYSES if a.planner is not None]
 
 
-def points(name: str, codegen: str, fractions: list[float]) -> list[dict]:
+def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool = False) -> list[dict]:
     """One row per point: no budget, then each fraction of the way from the held state to its peak."""
     from examples.hf_zoo import SPECS, build_hf
     torch.manual_seed(0)
@@ -87,14 +93,14 @@ def points(name: str, codegen: str, fractions: list[float]) -> list[dict]:
         from colauto_backend import _torch_compat as compat
         refused = sum(compat.RECOMPUTE_KEPT_APART.values())
         try:
-            measured, planned = measured_step(model, batch, options)
+            measured, planned = measured_step(model, batch, options, drop_outputs)
         except Exception as exc:  # noqa: BLE001 - recorded as the point's result
             rows.append(row | {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]})
             continue
         evs = [a.evaluate(a.hints) for a in planned]
         predicted = max(ev["peak_memory_bytes"] for ev in evs)
         # the peak with each graph run as Inductor's generated code allocates (None: not compiled by Inductor)
-        compiled = [a.compiled_peak() for a in planned]
+        compiled = [a.compiled_peak(outputs_dropped=drop_outputs) for a in planned]
         if compiled and all(c is not None for c in compiled):
             row["compiled_bytes"] = max(c[0] for c in compiled)
             row["compiled_error_pct"] = 100 * (row["compiled_bytes"] / measured - 1)
@@ -114,6 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--codegens", default="aten,inductor")
     ap.add_argument("--fractions", default="0.6", help="budgets, as fractions (comma-separated; empty: none)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--drop-outputs", action="store_true",
+                    help="the step keeps only the loss, not the model's output until after the optimizer step "
+                         "(the memory model's assumption); compiled_bytes is then the compiled peak for such a step")
     ap.add_argument("--no-inductor-buffer-reuse", action="store_true",
                     help="a diagnostic: torch._inductor.config.allow_buffer_reuse=False for every compile (Inductor "
                          "then neither holds a freed buffer for a later same-size one nor reuses it at the next "
@@ -129,7 +138,7 @@ def main(argv=None) -> int:
     rows = []
     for name in args.models.split(","):
         for codegen in args.codegens.split(","):
-            for row in points(name, codegen, fractions):
+            for row in points(name, codegen, fractions, args.drop_outputs):
                 rows.append(row)
                 where = f"{name:10s} {codegen:9s} {row['fraction'] or 'none':>5}"
                 if "error" in row:

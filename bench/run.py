@@ -175,7 +175,7 @@ def predict(model, make_inputs, spec: dict, args, options: dict | None) -> dict:
     return pred
 
 
-def predicted_by_compiled_graphs() -> dict:
+def predicted_by_compiled_graphs(hold_outputs: bool = False) -> dict:
     """The prediction of the graph the training step ran (HF models, whose keyword inputs `predict` does not
     pass): its planned peak and step time, as the plan chose them. A step of several training graphs (graph
     breaks) is not predicted: each graph is planned alone, and their peaks do not add up to the step's."""
@@ -183,8 +183,9 @@ def predicted_by_compiled_graphs() -> dict:
     if len(trained) != 1:
         return dict(pred_note=f"not predicted: the step ran {len(trained)} training graphs")
     ev = trained[0].evaluate(trained[0].hints)
-    # the peak with the graphs run as Inductor's generated code allocates (codegen inductor; None: not read)
-    compiled = trained[0].compiled_peak()
+    # the peak with the graphs run as Inductor's generated code allocates (codegen inductor; None: not read),
+    # for this script: the model's output dropped after the forward unless --hold-outputs
+    compiled = trained[0].compiled_peak(outputs_dropped=not hold_outputs)
     return dict(pred_peak_bytes=ev["peak_memory_bytes"], pred_step_time_s=ev["est_step_time_s"],
                 pred_saved_activation_bytes=ev["saved_activation_bytes"], peak_at=ev["peak_at"],
                 pred_source="the compiled training graph",
@@ -289,7 +290,7 @@ def run_one(spec: dict, mode: str, args) -> dict:
         colauto_backend_mod.ANALYSES.clear()
         row.update(train(model, make_inputs, spec, mode, args, loss_of=loss_of))
         if mode in COLAUTO_MODES and "pred_peak_bytes" not in row:
-            row.update(predicted_by_compiled_graphs())
+            row.update(predicted_by_compiled_graphs(getattr(args, "hold_outputs", False)))
         if row.get("pred_peak_bytes") and row["peak_bytes"]:
             row["peak_error"] = row["pred_peak_bytes"] / row["peak_bytes"] - 1
         if row.get("compiled_peak_bytes") and row["peak_bytes"]:

@@ -56,15 +56,16 @@ class Analysis:
     # (`compat.wrapper_allocations`), recorded when it is compiled; read by `compiled_peak`
     allocations: dict[str, list[tuple[int, str]]] = dataclasses.field(default_factory=dict)
 
-    def compiled_peak(self) -> tuple[int, str] | None:
+    def compiled_peak(self, outputs_dropped: bool = False) -> tuple[int, str] | None:
         """The step's peak (bytes, where) at the compile's sizes with each graph run as Inductor's
-        generated code allocates and frees (`memory.compiled_peak`); None until the code of every graph
-        of the step was read (a graph Inductor did not compile, or took from its cache, has none)."""
+        generated code allocates and frees (`memory.compiled_peak`; `outputs_dropped`: for a script
+        that keeps only the loss); None until the code of every graph of the step was read (a graph
+        Inductor did not compile, or took from its cache, has none)."""
         graphs = set(self.timeline.before)
         if not graphs or set(self.allocations) != graphs:
             return None
         return memory.compiled_peak(self.timeline, self.allocations, self.basis.values(self.hints),
-                                    self.device.alloc_round)
+                                    self.device.alloc_round, outputs_dropped)
 
     def repartitioned(self, fw: fx.GraphModule, bw: fx.GraphModule, *, num_fwd_outputs: int,
                       param_indices: Sequence[int], recomputed: frozenset[str]) -> "Analysis":

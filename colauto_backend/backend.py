@@ -264,7 +264,7 @@ def _record_allocations(analysis: Analysis, tag: str, allocations: list, config:
     analysis.allocations[tag] = allocations[0]
     compiled = analysis.compiled_peak()
     if compiled is not None:
-        report.emit_compiled_peak(analysis, compiled, config.report)
+        report.emit_compiled_peak(analysis, compiled, config.report, analysis.compiled_peak(outputs_dropped=True))
 
 
 def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,

@@ -472,22 +472,28 @@ def _emit_beside(setting: str | None, text, suffix: str, mode: str, body) -> Non
 def render_compiled_peak(data: dict) -> str:
     budget = data.get("budget_bytes")
     over = budget is not None and data["compiled_bytes"] > budget
+    dropped = data.get("dropped_bytes")
     return (f"colauto: peak of the compiled code {fmt_bytes(data['compiled_bytes'])} at {data['compiled_at']} "
             f"(memory model: {fmt_bytes(data['model_bytes'])}, {data['model_error_pct']:+.1f}%)"
+            + ("" if dropped is None or dropped == data["compiled_bytes"] else
+               f"; {fmt_bytes(dropped)} where the script keeps only the loss, not the model's outputs")
             + ("" if budget is None else f"; budget {fmt_bytes(budget)}")
             + (" - OVER THE BUDGET: set COLAUTO_MEMORY_BUDGET lower by the difference" if over else ""))
 
 
-def emit_compiled_peak(analysis: "Analysis", compiled: tuple[int, str], setting: str | None) -> None:
+def emit_compiled_peak(analysis: "Analysis", compiled: tuple[int, str], setting: str | None,
+                       dropped: tuple[int, str] | None = None) -> None:
     """Once Inductor compiled every graph of a training step: the step's peak with those graphs run as
-    their generated code allocates (`Analysis.compiled_peak`), beside the memory model's prediction the
-    plan was chosen by, one line per graph (JSON: appended lines). A compiled peak over the budget is
-    also warned about, whatever the setting."""
+    their generated code allocates (`Analysis.compiled_peak`; `dropped`: the same where the script keeps
+    only the loss), beside the memory model's prediction the plan was chosen by, one line per graph
+    (JSON: appended lines). A compiled peak over the budget is also warned about, whatever the setting:
+    the one of a script that holds the outputs, as the plan assumes."""
     model = analysis.evaluate(analysis.hints)["peak_memory_bytes"]
     plan = analysis.plan
     budget = plan.budget_bytes if plan is not None and plan.budget_bytes else None
     data = {"compiled_bytes": compiled[0], "compiled_at": compiled[1], "model_bytes": model,
-            "model_error_pct": 100 * (model / compiled[0] - 1) if compiled[0] else 0.0, "budget_bytes": budget}
+            "model_error_pct": 100 * (model / compiled[0] - 1) if compiled[0] else 0.0, "budget_bytes": budget,
+            "dropped_bytes": dropped[0] if dropped else None}
     if budget is not None and compiled[0] > budget:
         warn_once(render_compiled_peak(data))
     _emit_beside(setting, lambda: render_compiled_peak(data), ".compiled_peak.jsonl", "a",

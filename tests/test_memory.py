@@ -138,10 +138,11 @@ def test_a_value_read_twice_is_written_once_it_reads_more_than_four_buffers():
         assert written == expected, (readers, written)
 
 
-@pytest.mark.parametrize("name, codegen, fraction", [("gpt_neox", "aten", None), ("qwen2", "aten", 0.6),
-                                                     ("qwen2", "triton", None), ("t5", "inductor", 0.6),
-                                                     ("gpt2", "inductor", None), ("qwen2", "inductor", 0.8)])
-def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction):
+@pytest.mark.parametrize("name, codegen, fraction, drop", [
+    ("gpt_neox", "aten", None, False), ("qwen2", "aten", 0.6, False), ("qwen2", "triton", None, False),
+    ("t5", "inductor", 0.6, False), ("gpt2", "inductor", None, False), ("qwen2", "inductor", 0.8, False),
+    ("gpt2", "inductor", 0.8, True)])
+def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction, drop):
     """The predicted peak of a compiled HF training step against the CPU allocator's (every allocation and
     free of the step, replayed: `bench.cpu_peak`), fp32, batch 8 x 256 on tiny configs so activations
     make the peak; with a budget (0.6 of the way from the held state to the unplanned peak) the plan
@@ -160,15 +161,17 @@ def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction):
     Under Inductor the peak of the compiled code (each graph run as its generated wrapper allocates and
     frees: `Analysis.compiled_peak`) is within 2% whatever the model's error: Qwen2 at 0.8 (-0.1%), where
     the model runs the recomputed residual chain as one group held until each layer's backward (+6.3%);
-    T5 at 0.6 0.0%; GPT-2 +1.8%. Not everywhere: the allocations aten makes inside an extern kernel are
-    not seen (GPT-NeoX at 0.8: -7.8%, its CPU attention backward's), and BERT is +4.7%
-    (bench/results/cpu-2026-12-04-compiled-peak)."""
+    T5 at 0.6 0.0%; GPT-2 -0.1%. Not everywhere: the allocations aten makes inside an extern kernel are
+    not seen (GPT-NeoX at 0.8: -7.8%, its CPU attention backward's; bench/results/cpu-2026-12-04-compiled-peak).
+    `drop`: the step keeps only the loss, not the model's output until after the optimizer step as the
+    model assumes; the compiled peak for such a step (`outputs_dropped`) is as close (GPT-2 at 0.8: 15.85
+    MiB against 15.86 measured), where the model, holding the logits, is 38% high: it stays above."""
     from bench import cpu_peak
-    rows = cpu_peak.points(name, codegen, [] if fraction is None else [fraction])
+    rows = cpu_peak.points(name, codegen, [] if fraction is None else [fraction], drop_outputs=drop)
     for row in rows:
         assert "error" not in row, row
-        if (name, codegen, row["fraction"]) == ("qwen2", "inductor", 0.8):   # the model's known error: high
-            assert row["measured_bytes"] < row["predicted_bytes"] < 1.07 * row["measured_bytes"], row
+        if drop or (name, codegen, row["fraction"]) == ("qwen2", "inductor", 0.8):   # the model's known error: high
+            assert row["measured_bytes"] < row["predicted_bytes"] < (1.4 if drop else 1.07) * row["measured_bytes"], row
         else:
             tolerance = 0.05 if codegen == "inductor" else 5e-3
             assert row["predicted_bytes"] == pytest.approx(row["measured_bytes"], rel=tolerance), row
@@ -215,6 +218,10 @@ def test_a_compiled_peak_over_the_budget_is_warned_and_reported(capsys):
     report.emit_compiled_peak(analysis(120 * MiB), (100 * MiB, "bwd:buf3 (compiled)"), "1")
     assert capsys.readouterr().out.strip() == ("colauto: peak of the compiled code 100.00 MiB at bwd:buf3 (compiled) "
                                                "(memory model: 110.00 MiB, +10.0%); budget 120.00 MiB")
+    report.emit_compiled_peak(analysis(120 * MiB), (100 * MiB, "bwd:buf3 (compiled)"), "1", (90 * MiB, "bwd:buf3 (compiled)"))
+    assert capsys.readouterr().out.strip() == ("colauto: peak of the compiled code 100.00 MiB at bwd:buf3 (compiled) "
+                                               "(memory model: 110.00 MiB, +10.0%); 90.00 MiB where the script keeps "
+                                               "only the loss, not the model's outputs; budget 120.00 MiB")
     with pytest.warns(UserWarning, match=r"105.00 MiB .*budget 101.00 MiB - OVER THE BUDGET: set COLAUTO_MEMORY_BUDGET lower"):
         report.emit_compiled_peak(analysis(101 * MiB), (105 * MiB, "bwd:buf9 (compiled)"), None)
     assert capsys.readouterr().out == ""    # no report asked for: the warning alone

@@ -47,6 +47,11 @@ class Timeline:
     # when the graph drops them (each: its size, the inputs that share it); read by `compiled_peak`
     before: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     freeable: dict[str, list[tuple[np.ndarray, tuple[str, ...]]]] = dataclasses.field(default_factory=dict)
+    # the same for a script that keeps only the loss (the model holds the user's outputs until after the
+    # optimizer step): the storages that die too once their last input is freed, and those of outputs
+    # no graph input holds, which die as the forward returns (`compiled_peak(outputs_dropped=True)`)
+    freeable_if_dropped: dict[str, list[tuple[np.ndarray, tuple[str, ...]]]] = dataclasses.field(default_factory=dict)
+    unread_outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 # Inductor's lowering computes a pointwise result inside the loops of the kernels that read it (its value
@@ -236,6 +241,9 @@ class _Sim:
         self.before: dict[str, np.ndarray] = {}
         self.freeable: dict[str, list[tuple[np.ndarray, tuple[str, ...]]]] = {}
         self.tangents: set[int] = set()    # the backward's tangent storages (_run_step)
+        self.user_outputs: set[int] = set()   # the storages of the forward's outputs the user gets (_run_step)
+        self.freeable_if_dropped: dict[str, list[tuple[np.ndarray, tuple[str, ...]]]] = {}
+        self.unread_outputs: dict[str, np.ndarray] = {}
 
     def _vec(self, sparse) -> np.ndarray:
         v = np.zeros(len(self.basis.terms))
@@ -308,8 +316,12 @@ class _Sim:
                 if n.op == "placeholder":
                     for sid in env.get(n.name, []):
                         names.setdefault(sid, []).append(n.name)
-            self.freeable[tag] = [(self._vec(self.size[sid]), tuple(ns)) for sid, ns in names.items()
-                                  if self.refs[sid] == len(ns) + (sid in self.tangents)]
+            held = {sid: self.refs[sid] - len(ns) - (sid in self.tangents) for sid, ns in names.items()}
+            self.freeable[tag] = [(self._vec(self.size[sid]), tuple(ns)) for sid, ns in names.items() if held[sid] == 0]
+            self.freeable_if_dropped[tag] = [(self._vec(self.size[sid]), tuple(ns)) for sid, ns in names.items()
+                                             if held[sid] == 1 and sid in self.user_outputs]
+            unread = [self._vec(self.size[sid]) for sid in self.user_outputs if sid not in names and self.refs[sid] == 1]
+            self.unread_outputs[tag] = sum(unread, np.zeros(len(self.basis.terms)))
 
     def run_nodes(self, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list, tag: str,
                   env: dict[str, list[int]], inputs_held: bool) -> list[list[int]]:
@@ -527,32 +539,44 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
                     optimizer_state=total["opt"], saved=sympy.Add(*[e for _, e in saved_nodes]),
                     inputs=total["inputs"], saved_nodes=saved_nodes, fused=frozenset(sim.fused_names),
                     before={t: padded(v) for t, v in sim.before.items()},
-                    freeable={t: [(padded(v), ns) for v, ns in g] for t, g in sim.freeable.items()})
+                    freeable={t: [(padded(v), ns) for v, ns in g] for t, g in sim.freeable.items()},
+                    freeable_if_dropped={t: [(padded(v), ns) for v, ns in g] for t, g in sim.freeable_if_dropped.items()},
+                    unread_outputs={t: padded(v) for t, v in sim.unread_outputs.items()})
 
 
 def compiled_peak(tl: Timeline, allocations: dict[str, list[tuple[int, str, str]]], values: np.ndarray,
-                  alloc_round: int = 1) -> tuple[int, str]:
+                  alloc_round: int = 1, outputs_dropped: bool = False) -> tuple[int, str]:
     """The step's peak (bytes, where) with the graphs Inductor compiled run as their generated code
     does (`allocations`: per graph tag, what its wrapper allocates and frees, `compat.wrapper_allocations`)
     instead of as the model runs their nodes: each such graph starts from the memory the model has in
     use at its start, and an input's storage dies when every input that holds it is freed. The rest of
-    the step (before the forward, the optimizer step) is the model's."""
-    return compiled_live_at_peak(tl, allocations, values, alloc_round)[:2]
+    the step (before the forward, the optimizer step) is the model's. `outputs_dropped`: for a script
+    that keeps only the loss (`loss = model(**batch).loss`), not the model's outputs until after the
+    optimizer step as the model assumes: an output no backward input holds dies as the forward returns,
+    and one the backward reads dies where the backward frees it."""
+    return compiled_live_at_peak(tl, allocations, values, alloc_round, outputs_dropped)[:2]
 
 
 def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, str, str]]], values: np.ndarray,
-                          alloc_round: int = 1) -> tuple[int, str, list[tuple[str, int]]]:
+                          alloc_round: int = 1, outputs_dropped: bool = False) -> tuple[int, str, list[tuple[str, int]]]:
     """`compiled_peak`, and what is live there: (name, bytes) of the compiled graph's own buffers, of
     its inputs' storages not yet freed, and the rest of what the model has in use at its start."""
     mem = tl.rows @ values
     tags = tuple(f"{t}:" for t in allocations)
     rest = [(int(round(m)), label) for m, label in zip(mem, tl.labels) if not label.startswith(tags)]
+    if outputs_dropped and "bwd" in tl.unread_outputs:   # after the backward the outputs are gone too
+        gone = float(tl.unread_outputs["bwd"] @ values) + sum(float(v @ values) for v, _ in tl.freeable_if_dropped["bwd"])
+        rest = [(m - int(round(gone)) if label == "optimizer" else m, label) for m, label in rest]
     best = (*max(rest, default=(0, "")), [])
     rounded = (lambda b: math.copysign(-(-abs(b) // alloc_round) * alloc_round, b)) if alloc_round > 1 else (lambda b: b)
     for tag, events in allocations.items():
         start = float(tl.before[tag] @ values)
+        freeable = tl.freeable.get(tag, [])
+        if outputs_dropped and tag in tl.unread_outputs:
+            start -= float(tl.unread_outputs[tag] @ values)
+            freeable = freeable + tl.freeable_if_dropped[tag]
         live = peak = start
-        groups = [(float(v @ values), set(ns), ns) for v, ns in tl.freeable.get(tag, [])]
+        groups = [(float(v @ values), set(ns), ns) for v, ns in freeable]
         inputs = sum(size for size, _, _ in groups)
         buffers: dict[str, float] = {}
         at_peak = None
@@ -632,6 +656,7 @@ def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_f
     sim.record("start")
     fw_out = split.run_fw(sim, env)
     param_sids = {s for n in fw_ph for s in env.get(n.name, [])}
+    sim.user_outputs = {s for sids in fw_out[:num_fwd_outputs] for s in sids if s not in param_sids}
     saved: list[tuple[str, int]] = []
     if split.bw_inputs is not None:
         saved_env: dict[str, list[int]] = {}
