@@ -440,6 +440,7 @@ def _allocations(code) -> list[tuple[int, str, str]]:
         if isinstance(layout, (ir.MultiOutputLayout, ir.NoneLayout)) or node.get_inputs_that_alias_output():
             return 0
         return int(hint(V.graph.get_allocation_storage_size(node), fallback=0)) * get_dtype_size(node.get_dtype())
+
     def named(node) -> str:   # the buffer, and the graph node that made it
         origin = node.get_origin_node() if hasattr(node, "get_origin_node") else None
         return node.get_name() + (f" ({origin.name})" if origin is not None else "")

@@ -54,7 +54,7 @@ class Analysis:
     cost_cpu_s: float = 0.0                   # CPU seconds of analyze(): unaffected by other processes on the cores
     # per graph ("fwd", "bwd") Inductor compiled: what its generated code allocates and frees
     # (`compat.wrapper_allocations`), recorded when it is compiled; read by `compiled_peak`
-    allocations: dict[str, list[tuple[int, str]]] = dataclasses.field(default_factory=dict)
+    allocations: dict[str, list[tuple[int, str, str]]] = dataclasses.field(default_factory=dict)
 
     def compiled_peak(self, outputs_dropped: bool = False) -> tuple[int, str] | None:
         """The step's peak (bytes, where) at the compile's sizes with each graph run as Inductor's
