@@ -202,8 +202,8 @@ def training_step(fn, opt, x, targets, args, loss_of=None):
         if loss_of is None:
             loss = fn(x, targets)
         else:
-            held = loss_of(fn, (x,) if targets is None else (x, targets))
-            loss = hf_zoo.loss_of(held)
+            held = loss_of(fn, (x,) if targets is None else (x, targets))   # the zoo's models: the loss itself
+            loss = held if isinstance(held, torch.Tensor) else hf_zoo.loss_of(held)
     if not getattr(args, "hold_outputs", False):
         held = None
     loss.backward()
