@@ -568,41 +568,57 @@ def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, s
         gone = float(tl.unread_outputs["bwd"] @ values) + sum(float(v @ values) for v, _ in tl.freeable_if_dropped["bwd"])
         rest = [(m - int(round(gone)) if label == "optimizer" else m, label) for m, label in rest]
     best = (*max(rest, default=(0, "")), [])
-    rounded = (lambda b: math.copysign(-(-abs(b) // alloc_round) * alloc_round, b)) if alloc_round > 1 else (lambda b: b)
     for tag, events in allocations.items():
         start = float(tl.before[tag] @ values)
         freeable = tl.freeable.get(tag, [])
         if outputs_dropped and tag in tl.unread_outputs:
             start -= float(tl.unread_outputs[tag] @ values)
             freeable = freeable + tl.freeable_if_dropped[tag]
-        live = peak = start
-        groups = [(float(v @ values), set(ns), ns) for v, ns in freeable]
-        inputs = sum(size for size, _, _ in groups)
-        buffers: dict[str, float] = {}
-        at_peak = None
-        for nbytes, freed, name in events:
-            if freed:
-                for size, left, ns in groups:
-                    if freed in left:
-                        left.discard(freed)
-                        if not left:
-                            live -= size
-                continue
-            live += rounded(nbytes)
+        groups = [(float(v @ values), ns) for v, ns in freeable]
+        peak, at = _replay(events, start, groups, alloc_round)
+        if peak > best[0] and at is not None:   # replayed again to the peak, for what is live there
+            buffers, held = _replay(events[:at + 1], start, groups, alloc_round, live=True)
+            listed = sorted([(n, int(b)) for n, b in buffers.items()]
+                            + [("input " + ",".join(ns), int(size)) for size, ns in held], key=lambda x: -x[1])
+            listed.append((f"the rest in use as {tag} starts", int(start - sum(size for size, _ in groups))))
+            best = (int(round(peak)), f"{tag}:{events[at][2].split(' ')[0]} (compiled)", listed)
+    return best
+
+
+def _replay(events: list[tuple[int, str, str]], start: float, groups: list[tuple[float, tuple[str, ...]]],
+            alloc_round: int, live: bool = False):
+    """One compiled graph's events from `start` bytes in use; `groups`: (bytes, the inputs holding them)
+    of the input storages that die once all of those inputs are freed. (peak, index of the event that
+    reached it, None if none rose above `start`); with `live`, instead (buffer -> bytes live after the
+    last event, the groups not yet freed)."""
+    left = [set(ns) for _, ns in groups]
+    group_of: dict[str, list[int]] = {}
+    for i, (_, ns) in enumerate(groups):
+        for n in ns:
+            group_of.setdefault(n, []).append(i)
+    mem = peak = start
+    at = None
+    buffers: dict[str, float] = {}
+    for k, (nbytes, freed, name) in enumerate(events):
+        if freed:
+            for i in group_of.get(freed, ()):
+                left[i].discard(freed)
+                if not left[i]:
+                    mem -= groups[i][0]
+            continue
+        if alloc_round > 1:
+            nbytes = math.copysign(-(-abs(nbytes) // alloc_round) * alloc_round, nbytes)
+        mem += nbytes
+        if live:
             if nbytes > 0:
-                buffers[name] = rounded(nbytes)
+                buffers[name] = nbytes
             else:
                 buffers.pop(name, None)
-            if live > peak:
-                peak = live
-                at_peak = (name, dict(buffers), [(ns, size) for size, left, ns in groups if left])
-        if peak > best[0] and at_peak is not None:
-            name, bufs, held = at_peak
-            listed = sorted([(n, int(b)) for n, b in bufs.items()]
-                            + [("input " + ",".join(ns), int(size)) for ns, size in held], key=lambda x: -x[1])
-            listed.append((f"the rest in use as {tag} starts", int(start - inputs)))
-            best = (int(round(peak)), f"{tag}:{name.split(' ')[0]} (compiled)", listed)
-    return best
+        if mem > peak:
+            peak, at = mem, k
+    if live:
+        return buffers, [(size, ns) for (size, ns), rest in zip(groups, left) if rest]
+    return peak, at
 
 
 TRAINS = "colauto_trains"   # a primal placeholder's meta: whether it is a parameter that trains (mark_trained)
