@@ -69,6 +69,19 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{nodeid}: {value}")
 
 
+@pytest.fixture(scope="module")
+def group():
+    """A one-rank gloo process group (its name), for collectives checked in-process: an all-reduce of one
+    rank is the identity, so a rewritten graph must give eager's values exactly."""
+    import torch.distributed as dist
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield dist.group.WORLD.group_name
+    if started:   # left running, it made a later module in the same worker skip (tests/test_dtensor_rules.py)
+        dist.destroy_process_group()
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo(monkeypatch):
     """Each test compiles from scratch and sees no COLAUTO_* from the caller's shell. The on-disk plan

@@ -5,23 +5,11 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from colauto_backend.parallel import overlap
 
 c10d = torch.ops._c10d_functional
-
-
-@pytest.fixture(scope="module")
-def group():
-    started = not dist.is_initialized()
-    if started:
-        store = dist.HashStore()
-        dist.init_process_group("gloo", rank=0, world_size=1, store=store)
-    yield dist.group.WORLD.group_name
-    if started:   # left running, it made a later module in the same worker skip (tests/test_dtensor_rules.py)
-        dist.destroy_process_group()
 
 
 def _trace(f, *args):

@@ -11,14 +11,19 @@ plain tensors). Two rewrites of the joint forward+backward graph, before plannin
   and the gradients are the global batch's too (each rank's is its own part; the all-reduce averages).
 
 A parameter used by several graphs (a graph break) gets each graph's part reduced by that graph, which
-sums to the whole gradient's mean. At the first compile each parameter and buffer a graph reads is
-broadcast from rank 0, as DDP does at construction.
+sums to the whole gradient's mean. A parameter only code Dynamo ran eagerly reads (after a graph break)
+has its gradient averaged by a hook, as DDP does (`check_eager_gradients`). At the first compile each
+parameter and buffer a graph reads, and the compiled module's parameters, are broadcast from rank 0, as
+DDP does at construction.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import hashlib
+import weakref
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 import torch.fx as fx
@@ -32,6 +37,7 @@ _BROADCAST = WeakIdKeyDictionary()     # tensor -> True once it was made equal o
 _IN_GRAPHS = WeakIdKeyDictionary()     # parameter -> True once a compiled graph got it (and so averages it)
 _CHECKED = WeakIdKeyDictionary()       # parameter -> True once it carries _check_averaged
 UNCHECKED = counters.counter("data-parallel graphs whose eager gradients are not checked")
+EAGER_AVERAGED = counters.counter("gradients averaged over the ranks outside the compiled graphs (code Dynamo ran eagerly)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,20 +77,29 @@ def prepare(gm: fx.GraphModule, example_inputs: list, dp: DataParallel) -> None:
                 _BROADCAST[t] = True
 
 
-def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled, example_inputs: list):
-    """`compiled`, and a check that no parameter of `module` gets a gradient from code that ran outside the
-    compiled graphs (Dynamo runs a frame eagerly after some graph breaks: one inside a forward hook left
-    HF Llama's embedding eager), which nothing averages over the ranks: each rank would step on its own
-    gradient. Each trainable parameter gets a hook that fails the backward, in one line, when a gradient
-    reaches a parameter no compiled graph got. Graphs note their parameters at each call, not at compile:
-    Dynamo runs one compiled graph for several modules' parameters (a graph break in each layer).
-    Partial: an eager contribution to a parameter some graph also reads is not caught."""
+def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled, example_inputs: list,
+                          cut: Callable[[torch.Tensor], bool] = lambda p: False):
+    """`compiled`, with DDP's treatment of a gradient that comes from code Dynamo ran outside the compiled
+    graphs (after some graph breaks: one inside a forward hook left HF Llama's embedding eager; OPT under
+    transformers 5.17 breaks in every decoder layer). Nothing in a graph averages such a gradient over the
+    ranks, so each trainable parameter of `module` gets a hook on its incoming gradient: where no compiled
+    graph read the parameter, the gradient is averaged over the ranks there, as DDP's hooks do (one
+    all-reduce a parameter, in the backward; counted). A parameter `cut` says holds only this rank's rows
+    (parallel/fsdp.py) was read whole by no code that ran eagerly, so its backward fails in one line
+    instead. The module's parameters start as rank 0's (as DDP broadcasts them), those no graph read too.
+    Graphs note their parameters at each call, not at compile: Dynamo runs one compiled graph for several
+    modules' parameters (a graph break in each layer). Partial: an eager contribution to a parameter some
+    graph also reads is not averaged (the hook sees the sum of both)."""
     for p in gm.parameters():                  # attributes of the graph (AOTAutograd lifts them)
         _IN_GRAPHS[p] = True
-    for name, p in module.named_parameters():
-        if p.requires_grad and p not in _CHECKED:
-            _CHECKED[p] = True
-            p.register_post_accumulate_grad_hook(functools.partial(_check_averaged, name))
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p not in _BROADCAST and not cut(p):
+                dist.broadcast(p.data, src=0)
+                _BROADCAST[p] = True
+            if p.requires_grad and p not in _CHECKED:
+                _CHECKED[p] = True
+                p.register_hook(functools.partial(_average_eager, name, weakref.ref(p), cut))
     at = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
     seen = [None] * len(at)          # the parameters of the last call: noted again only when they change
 
@@ -98,12 +113,21 @@ def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled,
     return run
 
 
-def _check_averaged(name: str, p: torch.Tensor) -> None:
-    if p not in _IN_GRAPHS:
+def _average_eager(name: str, ref: weakref.ref, cut: Callable[[torch.Tensor], bool], grad: torch.Tensor):
+    """A gradient on its way into `ref()`: unchanged where a compiled graph read the parameter (and so
+    averaged its part), else the mean over the ranks; a cut parameter read eagerly fails in one line."""
+    p = ref()
+    if p is None or p in _IN_GRAPHS:
+        return None
+    if cut(p):
         raise RuntimeError(f"colauto: the gradient of {name} comes from code that ran outside the compiled graphs "
-                           "(after a graph break, Dynamo ran it eagerly), which data parallelism does not average "
-                           "over the ranks; remove the graph break (TORCH_LOGS=graph_breaks names it) or train on "
-                           "one device")
+                           "(after a graph break, Dynamo ran it eagerly) on this rank's rows of the parameter, "
+                           "which FSDP cut in place; remove the graph break (TORCH_LOGS=graph_breaks names it) "
+                           "or set COLAUTO_MESH=dp=N")
+    mean = grad.contiguous().clone()
+    dist.all_reduce(mean)
+    EAGER_AVERAGED[name] += 1
+    return mean.div_(dist.get_world_size())
 
 
 def _is_state(node: fx.Node, t: torch.Tensor) -> bool:

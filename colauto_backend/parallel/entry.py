@@ -210,7 +210,8 @@ def _data_parallel(gm: fx.GraphModule, example_inputs: list, make_local: Callabl
 
 
 def _checked_gradients(gm: fx.GraphModule, example_inputs: list, compiled: Callable) -> Callable:
-    """`compiled` (a data-parallel graph), checked for gradients no compiled graph averaged."""
+    """`compiled` (a data-parallel graph), with gradients no compiled graph averaged averaged over the ranks
+    (a parameter FSDP cut: refused), `data.check_eager_gradients`."""
     if not any(isinstance(t, torch.nn.Parameter) for t in [*example_inputs, *gm.parameters()]):
         return compiled
     try:
@@ -220,7 +221,7 @@ def _checked_gradients(gm: fx.GraphModule, example_inputs: list, compiled: Calla
         # modules, parameters passed as arguments, a compiled optimizer step): no check, counted
         data.UNCHECKED["no one module holds the graph's parameters"] += 1
         return compiled
-    return data.check_eager_gradients(module, gm, compiled, example_inputs)
+    return data.check_eager_gradients(module, gm, compiled, example_inputs, cut=fsdp.is_cut)
 
 
 def _planned_budget(plan: ParallelPlan) -> tuple[str, float]:

@@ -28,7 +28,7 @@ gradient's norm; once a parameter is cut, torch.nn.utils.clip_grad_norm_ comes h
 (`compat.route_clip_grad_norm`), since torch's own would clip by each rank's shards' norm.
 
 Limits: code outside the compiled graphs sees the shards (an eager region after a graph break fails in
-one line where it makes a gradient, `data.check_eager_gradients`; a `clip_grad_norm_` imported by name
+one line where it makes a gradient of a cut parameter, `data.check_eager_gradients`; a `clip_grad_norm_` imported by name
 before the first compile is torch's, per rank; `torch.nn.utils.get_total_norm` of the gradients is per
 rank); each graph plans on its own (a graph under no_grad first, then the training graph: the
 first plan's cuts stand). Research and evidence: bench/sessions/fsdp_research/.
@@ -147,9 +147,14 @@ def _standins_off(*args) -> None:
             p.data = _STASH.pop(p)
 
 
+def is_cut(p: torch.Tensor) -> bool:
+    """`p` is a Parameter this path cut to its rows in place."""
+    return p in _FULL
+
+
 def reads_cut(example_inputs: list) -> bool:
     """Some graph input is a Parameter an earlier graph cut (a weight read on both sides of a graph break)."""
-    return any(isinstance(t, torch.nn.Parameter) and t in _FULL for t in example_inputs)
+    return any(isinstance(t, torch.nn.Parameter) and is_cut(t) for t in example_inputs)
 
 
 def unsupported(plan: ParallelPlan, names: dict[int, str], example_inputs: list) -> str | None:

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import colauto_backend  # noqa: E402
 from colauto_backend import output_grads  # noqa: E402
 from colauto_backend.backend import ANALYSES  # noqa: E402
-from colauto_backend.parallel import overlap  # noqa: E402
+from colauto_backend.parallel import data, overlap  # noqa: E402
 from colauto_backend.parallel.entry import PLANS  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
@@ -77,6 +77,7 @@ def run(spec: str, args) -> dict:
     PLANS.clear()
     prefetched, kept_in_order = overlap.SUNK["gathers prefetched"], sum(overlap.KEPT.values())
     specialized, kept = sum(output_grads.SPECIALIZED.values()), dict(output_grads.KEPT)
+    eager_averaged = sum(data.EAGER_AVERAGED.values())
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
     seq = 32 if hf_zoo.SPECS[name].kind == "image" else args.seq     # the tiny configs' image side
@@ -140,6 +141,8 @@ def run(spec: str, args) -> dict:
            # backward graphs compiled without the logits' gradient, and why others kept every output's
            "grads_skipped": sum(output_grads.SPECIALIZED.values()) - specialized,
            "grads_kept": {k: v - kept.get(k, 0) for k, v in output_grads.KEPT.items() if v > kept.get(k, 0)},
+           # gradients of code Dynamo ran eagerly (a graph break), averaged over the ranks by data.py's hook
+           "eager_grads_averaged": sum(data.EAGER_AVERAGED.values()) - eager_averaged,
            } | memory_terms(model)
     if norms:
         out["grad_norms"], out["ref_grad_norms"] = norms, ref_norms
