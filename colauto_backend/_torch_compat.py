@@ -1001,3 +1001,9 @@ def _register_compile_hooks() -> None:
         if start not in handler.start_callbacks:
             torch._dynamo.callback.on_compile_start(start)
             torch._dynamo.callback.on_compile_end(end)
+
+
+def at_backward_end(fn: Callable[[], None]) -> None:
+    """Run `fn` once the backward pass now running ends (autograd's engine callback queue, as DDP and FSDP
+    use; an exception `fn` raises reaches the caller of backward())."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)

@@ -1,6 +1,6 @@
 """parallel.data.check_eager_gradients on a one-rank gloo group: a gradient that code Dynamo ran eagerly (after
 a graph break) gives a parameter no compiled graph read is averaged over the ranks by a hook (counted), one
-a graph read is left to the graph, and one FSDP cut to its rows fails the backward in one line. That the
+a graph read is left to the graph (its gradient checked once to be the same on every rank), and one FSDP cut to its rows fails the backward in one line. That the
 average is the global batch's is checked on 2 ranks (tests/test_parallel_data.py, the +break runs)."""
 import copy
 
@@ -23,7 +23,7 @@ def test_eager_gradients_are_averaged_where_no_graph_read_the_parameter(group):
     compiled = data.check_eager_gradients(module, fx.symbolic_trace(torch.nn.Identity()), lambda *args: args,
                                           [graph_weight])
     compiled(graph_weight)            # a compiled graph's call, reading the first layer's weight
-    before = dict(data.EAGER_AVERAGED)
+    before, checked = dict(data.EAGER_AVERAGED), sum(data.SAME_CHECKED.values())
     x = torch.randn(5, 3)
     module(x).square().sum().backward()
     ref(x).square().sum().backward()
@@ -31,6 +31,8 @@ def test_eager_gradients_are_averaged_where_no_graph_read_the_parameter(group):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)   # one rank: the mean is itself
     averaged = {k: v - before.get(k, 0) for k, v in data.EAGER_AVERAGED.items() if v > before.get(k, 0)}
     assert averaged == {"0.bias": 1, "1.weight": 1, "1.bias": 1}, averaged
+    # the graph's parameter: its gradient compared across the ranks (one here) once, at the backward's end
+    assert sum(data.SAME_CHECKED.values()) - checked == 1
 
 
 def test_an_eager_gradient_of_a_cut_parameter_fails_the_backward_in_one_line(group):

@@ -37,6 +37,7 @@ _BROADCAST = WeakIdKeyDictionary()     # tensor -> True once it was made equal o
 _IN_GRAPHS = WeakIdKeyDictionary()     # parameter -> True once a compiled graph got it (and so averages it)
 _CHECKED = WeakIdKeyDictionary()       # parameter -> True once it carries _check_averaged
 UNCHECKED = counters.counter("data-parallel graphs whose eager gradients are not checked")
+SAME_CHECKED = counters.counter("gradients checked to be the same on every rank (once a parameter)")
 EAGER_AVERAGED = counters.counter("gradients averaged over the ranks outside the compiled graphs (code Dynamo ran eagerly)")
 
 
@@ -88,8 +89,9 @@ def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled,
     (parallel/fsdp.py) was read whole by no code that ran eagerly, so its backward fails in one line
     instead. The module's parameters start as rank 0's (as DDP broadcasts them), those no graph read too.
     Graphs note their parameters at each call, not at compile: Dynamo runs one compiled graph for several
-    modules' parameters (a graph break in each layer). Partial: an eager contribution to a parameter some
-    graph also reads is not averaged (the hook sees the sum of both)."""
+    modules' parameters (a graph break in each layer). An eager contribution to a parameter some graph also
+    reads cannot be averaged apart (the hook sees the sum of both): such a gradient differs between the
+    ranks, which `_check_same` finds at the parameter's first backward and fails on, in one line."""
     for p in gm.parameters():                  # attributes of the graph (AOTAutograd lifts them)
         _IN_GRAPHS[p] = True
     with torch.no_grad():
@@ -114,10 +116,15 @@ def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled,
 
 
 def _average_eager(name: str, ref: weakref.ref, cut: Callable[[torch.Tensor], bool], grad: torch.Tensor):
-    """A gradient on its way into `ref()`: unchanged where a compiled graph read the parameter (and so
-    averaged its part), else the mean over the ranks; a cut parameter read eagerly fails in one line."""
+    """A gradient on its way into `ref()`: the mean over the ranks where no compiled graph read the parameter;
+    a cut parameter read eagerly fails in one line; where a graph read it, unchanged (the graph averaged its
+    part), and checked once to be the same on every rank (`_check_same`)."""
     p = ref()
-    if p is None or p in _IN_GRAPHS:
+    if p is None:
+        return None
+    if p in _IN_GRAPHS:
+        if not cut(p) and p not in _SAME:
+            _check_same(name, p, grad)
         return None
     if cut(p):
         raise RuntimeError(f"colauto: the gradient of {name} comes from code that ran outside the compiled graphs "
@@ -128,6 +135,46 @@ def _average_eager(name: str, ref: weakref.ref, cut: Callable[[torch.Tensor], bo
     dist.all_reduce(mean)
     EAGER_AVERAGED[name] += 1
     return mean.div_(dist.get_world_size())
+
+
+_SAME = WeakIdKeyDictionary()       # parameter -> True once its gradient was seen equal on every rank
+_PENDING: list[tuple[str, torch.Tensor, torch.Tensor]] = []   # this backward's (name, parameter, checksums)
+
+
+def _check_same(name: str, p: torch.Tensor, grad: torch.Tensor) -> None:
+    """Once per parameter a compiled graph reads: its gradient must be the same on every rank (the graphs'
+    all-reduces give every rank the same mean). Where it is not, code Dynamo ran eagerly added a part no graph
+    averaged (a weight read by a graph and, tied, eagerly: HF OPT's embedding under transformers 5.17), and
+    the backward fails in one line instead of each rank stepping on its own gradient. The checksums go in one
+    collective at the backward's end."""
+    g = grad.detach().double()
+    _PENDING.append((name, p, torch.stack([g.sum(), g.abs().sum()]).cpu()))
+    compat.at_backward_end(_compare_pending)    # each time: a backward that failed never ran its callbacks
+
+
+def _compare_pending() -> None:
+    pending = list(_PENDING)
+    _PENDING.clear()
+    if not pending:         # an earlier callback of this backward compared them
+        return
+    sums = torch.stack([c for _, _, c in pending])
+    both = torch.cat([sums, -sums]).to(_collective_device())
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    most, least = both[: len(pending)].cpu(), -both[len(pending):].cpu()
+    differ = [name for (name, _, _), a, b in zip(pending, most, least) if not torch.equal(a, b)]
+    if differ:
+        raise RuntimeError(f"colauto: the gradient of {differ[0]} differs between the ranks ({len(differ)} parameters): "
+                           "code that ran outside the compiled graphs (after a graph break, Dynamo ran it eagerly) "
+                           "added a part no graph averaged to a parameter a graph also reads (a tied weight); remove "
+                           "the graph break (TORCH_LOGS=graph_breaks names it) or train on one device")
+    for _, p, _ in pending:
+        _SAME[p] = True
+    SAME_CHECKED["parameters"] += len(pending)
+
+
+def _collective_device() -> torch.device:
+    """Where the default group's collectives take tensors (gloo: CPU; NCCL: this rank's GPU)."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _is_state(node: fx.Node, t: torch.Tensor) -> bool:

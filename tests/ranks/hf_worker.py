@@ -3,7 +3,7 @@ every rank, each rank feeding its own micro-batch, against eager single-process 
 batch (computed on every rank). Each run is NAME@MESH (MESH as COLAUTO_MESH, "auto" for the planner's
 choice); options after it: +late (the optimizer is created after the first call), +inductor (codegen
 inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +break
-(a graph break after the first decoder layer), +split (compiled inside a module that runs the model's body,
+(a graph break after the first decoder layer), +eagerembed (the input embedding run eagerly), +split (compiled inside a module that runs the model's body,
 breaks the graph, then runs its output embedding and the loss: GPT-2's head is its input embedding, so
 one weight is read on both sides of the break), +ckpt
 (a torch.distributed.checkpoint round trip after training), +clip (each step's gradients clipped to a norm
@@ -91,7 +91,8 @@ def run(spec: str, args) -> dict:
     if "break" in flags:      # a graph break after the first decoder layer: the next graph reads parameters too
         first = next(m for n, m in model.named_modules() if n.endswith("layers.0"))
         first.register_forward_hook(lambda m, args, out: torch._dynamo.graph_break())
-    wrapped = Renamed(model) if "renamed" in flags else Split(model) if "split" in flags else model
+    wrapped = (Renamed(model) if "renamed" in flags else Split(model) if "split" in flags
+               else EagerEmbedding(model) if "eagerembed" in flags else model)
     compiled = torch.compile(wrapped, backend="colauto", options=options)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     opt = None if "late" in flags else torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -236,6 +237,19 @@ class Split(torch.nn.Module):
         torch._dynamo.graph_break()
         logits = self.inner.get_output_embeddings()(hidden).float()
         return (torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten()),)
+
+
+class EagerEmbedding(torch.nn.Module):
+    """The input embedding run eagerly (outside Dynamo), the rest compiled: with tied embeddings (GPT-2) one
+    weight gets a gradient both from a compiled graph (the head) and from eager code."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, labels):
+        embeds = torch._dynamo.disable(self.inner.get_input_embeddings())(input_ids)
+        return self.inner(inputs_embeds=embeds, labels=labels)
 
 
 def checkpoint_round_trip(model, path: str) -> float:
