@@ -30,13 +30,14 @@ import torch.fx as fx
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import _torch_compat as compat
-from .. import counters
+from .. import counters, report
 
 aten = torch.ops.aten
 _BROADCAST = WeakIdKeyDictionary()     # tensor -> True once it was made equal on every rank
 _IN_GRAPHS = WeakIdKeyDictionary()     # parameter -> True once a compiled graph got it (and so averages it)
 _CHECKED = WeakIdKeyDictionary()       # parameter -> True once it carries _check_averaged
 UNCHECKED = counters.counter("data-parallel graphs whose eager gradients are not checked")
+MIXED = counters.counter("gradients with parts from both compiled graphs and eager code, averaged by a hook")
 SAME_CHECKED = counters.counter("gradients checked to be the same on every rank (once a parameter)")
 EAGER_AVERAGED = counters.counter("gradients averaged over the ranks outside the compiled graphs (code Dynamo ran eagerly)")
 
@@ -86,12 +87,13 @@ def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled,
     ranks, so each trainable parameter of `module` gets a hook on its incoming gradient: where no compiled
     graph read the parameter, the gradient is averaged over the ranks there, as DDP's hooks do (one
     all-reduce a parameter, in the backward; counted). A parameter `cut` says holds only this rank's rows
-    (parallel/fsdp.py) was read whole by no code that ran eagerly, so its backward fails in one line
+    (parallel/fsdp.py) gave eager code its rows, not the whole weight, so its backward fails in one line
     instead. The module's parameters start as rank 0's (as DDP broadcasts them), those no graph read too.
     Graphs note their parameters at each call, not at compile: Dynamo runs one compiled graph for several
     modules' parameters (a graph break in each layer). An eager contribution to a parameter some graph also
-    reads cannot be averaged apart (the hook sees the sum of both): such a gradient differs between the
-    ranks, which `_check_same` finds at the parameter's first backward and fails on, in one line."""
+    reads cannot be averaged apart (the hook sees the sum of both), but the graph's part is the same on
+    every rank, so averaging the sum gives the right mean: such a gradient differs between the ranks, which
+    `_check_same` finds at the parameter's first backward; from then on its hook averages it too."""
     for p in gm.parameters():                  # attributes of the graph (AOTAutograd lifts them)
         _IN_GRAPHS[p] = True
     with torch.no_grad():
@@ -116,13 +118,13 @@ def check_eager_gradients(module: torch.nn.Module, gm: fx.GraphModule, compiled,
 
 
 def _average_eager(name: str, ref: weakref.ref, cut: Callable[[torch.Tensor], bool], grad: torch.Tensor):
-    """A gradient on its way into `ref()`: the mean over the ranks where no compiled graph read the parameter;
-    a cut parameter read eagerly fails in one line; where a graph read it, unchanged (the graph averaged its
-    part), and checked once to be the same on every rank (`_check_same`)."""
+    """A gradient on its way into `ref()`: the mean over the ranks where no compiled graph read the parameter,
+    or where eager code also adds to it (`_MIXED`); a cut parameter read eagerly fails in one line; else
+    unchanged (the graphs averaged it), checked once to be the same on every rank (`_check_same`)."""
     p = ref()
     if p is None:
         return None
-    if p in _IN_GRAPHS:
+    if p in _IN_GRAPHS and p not in _MIXED:
         if not cut(p) and p not in _SAME:
             _check_same(name, p, grad)
         return None
@@ -131,28 +133,38 @@ def _average_eager(name: str, ref: weakref.ref, cut: Callable[[torch.Tensor], bo
                            "(after a graph break, Dynamo ran it eagerly) on this rank's rows of the parameter, "
                            "which FSDP cut in place; remove the graph break (TORCH_LOGS=graph_breaks names it) "
                            "or set COLAUTO_MESH=dp=N")
-    mean = grad.contiguous().clone()
-    dist.all_reduce(mean)
+    return _mean(name, grad.contiguous().clone())
+
+
+def _mean(name: str, t: torch.Tensor) -> torch.Tensor:
+    """`t` averaged over the ranks, in place. A part that is already the same on every rank (a graph's
+    averaged gradient) stays as it is, so a sum of such a part and an eager one becomes the right mean."""
+    dist.all_reduce(t)
     EAGER_AVERAGED[name] += 1
-    return mean.div_(dist.get_world_size())
+    return t.div_(dist.get_world_size())
 
 
 _SAME = WeakIdKeyDictionary()       # parameter -> True once its gradient was seen equal on every rank
+_MIXED = WeakIdKeyDictionary()      # parameter -> True: eager code adds to what a graph averaged (a tied weight)
 _PENDING: list[tuple[str, torch.Tensor, torch.Tensor]] = []   # this backward's (name, parameter, checksums)
 
 
 def _check_same(name: str, p: torch.Tensor, grad: torch.Tensor) -> None:
     """Once per parameter a compiled graph reads: its gradient must be the same on every rank (the graphs'
     all-reduces give every rank the same mean). Where it is not, code Dynamo ran eagerly added a part no graph
-    averaged (a weight read by a graph and, tied, eagerly: HF OPT's embedding under transformers 5.17), and
-    the backward fails in one line instead of each rank stepping on its own gradient. The checksums go in one
-    collective at the backward's end."""
-    g = grad.detach().double()
-    _PENDING.append((name, p, torch.stack([g.sum(), g.abs().sum()]).cpu()))
+    averaged (a weight read by a graph and, tied, eagerly: HF OPT's embedding under transformers 5.17). The
+    checksums go in one collective at the backward's end (`_compare_pending`)."""
+    g = grad.detach()       # no copy of it: a float64 one of a 2 GB embedding gradient would not fit at the peak
+    sums = (torch.stack([g.sum(dtype=torch.float64), g.amax().double(), g.amin().double()]) if g.numel()
+            else torch.zeros(3, dtype=torch.float64))
+    _PENDING.append((name, p, sums.cpu()))
     compat.at_backward_end(_compare_pending)    # each time: a backward that failed never ran its callbacks
 
 
 def _compare_pending() -> None:
+    """The pending checksums compared across the ranks. A parameter whose gradient differs is averaged now (its
+    accumulated gradient: the mean keeps what is already equal everywhere) and, from then on, by its hook;
+    rank 0 names the first such parameter once."""
     pending = list(_PENDING)
     _PENDING.clear()
     if not pending:         # an earlier callback of this backward compared them
@@ -161,15 +173,22 @@ def _compare_pending() -> None:
     both = torch.cat([sums, -sums]).to(_collective_device())
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
     most, least = both[: len(pending)].cpu(), -both[len(pending):].cpu()
-    differ = [name for (name, _, _), a, b in zip(pending, most, least) if not torch.equal(a, b)]
-    if differ:
-        raise RuntimeError(f"colauto: the gradient of {differ[0]} differs between the ranks ({len(differ)} parameters): "
-                           "code that ran outside the compiled graphs (after a graph break, Dynamo ran it eagerly) "
-                           "added a part no graph averaged to a parameter a graph also reads (a tied weight); remove "
-                           "the graph break (TORCH_LOGS=graph_breaks names it) or train on one device")
-    for _, p, _ in pending:
-        _SAME[p] = True
+    differ = []
+    for (name, p, _), a, b in zip(pending, most, least):
+        if torch.equal(a, b):
+            _SAME[p] = True
+            continue
+        _MIXED[p] = True
+        differ.append(name)
+        if p.grad is not None:
+            with torch.no_grad():
+                _mean(name, p.grad)
     SAME_CHECKED["parameters"] += len(pending)
+    MIXED["parameters"] += len(differ)
+    if differ and report._rank() == 0:
+        print(f"colauto: the gradient of {differ[0]} ({len(differ)} parameters) comes both from compiled graphs "
+              "and from code Dynamo ran eagerly (after a graph break): averaged over the ranks outside the graphs "
+              "too, each step", flush=True)
 
 
 def _collective_device() -> torch.device:
