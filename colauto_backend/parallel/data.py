@@ -35,7 +35,7 @@ from .. import counters, report
 aten = torch.ops.aten
 _BROADCAST = WeakIdKeyDictionary()     # tensor -> True once it was made equal on every rank
 _IN_GRAPHS = WeakIdKeyDictionary()     # parameter -> True once a compiled graph got it (and so averages it)
-_CHECKED = WeakIdKeyDictionary()       # parameter -> True once it carries _check_averaged
+_CHECKED = WeakIdKeyDictionary()       # parameter -> True once it carries _average_eager
 UNCHECKED = counters.counter("data-parallel graphs whose eager gradients are not checked")
 MIXED = counters.counter("gradients with parts from both compiled graphs and eager code, averaged by a hook")
 SAME_CHECKED = counters.counter("gradients checked to be the same on every rank (once a parameter)")
