@@ -1007,3 +1007,10 @@ def at_backward_end(fn: Callable[[], None]) -> None:
     """Run `fn` once the backward pass now running ends (autograd's engine callback queue, as DDP and FSDP
     use; an exception `fn` raises reaches the caller of backward())."""
     torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+def accumulator_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """The shape autograd checks `t`'s gradients against: that of its gradient accumulator, which an autograd
+    graph made earlier (and still alive) keeps as it was when made, even after `t.data` changed; a new
+    accumulator, made here where none is alive, has `t`'s shape."""
+    return tuple(torch.autograd.graph.get_gradient_edge(t).node._input_metadata[0].shape)

@@ -94,6 +94,10 @@ EAGER_GRADIENT = ["llama@dp=2+break", "llama@auto+break"]
 # graph's part is the same everywhere, so the mean of the sum is right), and GPT-2 trains like one process
 TIED_EAGER = "gpt2@dp=2+eagerembed"
 GRAPH_BREAK_EAGER = "llama@fsdp=2+break"
+# TIED_EAGER under fsdp: the head's graph would cut the tied weight the eager embedding read whole earlier in
+# the step (torch then failed the backward: "invalid gradient ... got [128, 64] but expected [256, 64]"; HF
+# OPT under transformers 5.17 too); fsdp.py leaves it whole (replicated), every other parameter cut
+TIED_EAGER_FSDP = "gpt2@fsdp=2+eagerembed"
 MESH_DOES_NOT_FIT = "llama@dp=2"
 
 
@@ -219,7 +223,7 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
     graph that cuts parameters, how many. A graph break that leaves a parameter no graph reads to eager
     code trains like one process on the captured graph (GRAPH_BREAK_EAGER: its gradient averaged outside
     the graphs) and fails in one line on the DTensor path (BREAK_REFUSED)."""
-    runs = [*FSDP_2, *DTENSOR_FSDP_2, BREAK_REFUSED, GRAPH_BREAK_EAGER]
+    runs = [*FSDP_2, *DTENSOR_FSDP_2, BREAK_REFUSED, GRAPH_BREAK_EAGER, TIED_EAGER_FSDP]
     results, stdout = launch_with_output(tmp_path, 2, runs)
     check(results, runs, expected_errors=(BREAK_REFUSED,))
     check_eager_averaged(results, [run for run in runs if run != BREAK_REFUSED])
@@ -233,13 +237,17 @@ def test_fsdp_and_automatic_plans_train_hf_models_like_one(tmp_path):
     assert any(line.startswith("colauto: mesh fsdp=2, predicted ") for line in announced), announced
     on_graph = [run for run in FSDP_2 if "fsdp" in run]
     # one line a model (the first graph cuts; GPT-2's second reads no parameter, or, under +split, only
-    # the tied weight its first graph cut), and four for the break's graphs, each cutting its own layers
+    # the tied weight its first graph cut), four for the break's graphs, each cutting its own layers, and
+    # TIED_EAGER_FSDP's: all of GPT-2's 28 parameters but the tied weight left whole
     said = [line for line in stdout.splitlines() if line.startswith("colauto: COLAUTO_FSDP=graph: ")]
-    assert len(said) == len(on_graph) + 4, said
+    assert len(said) == len(on_graph) + 5, said
+    assert any(line.startswith("colauto: COLAUTO_FSDP=graph: 27 parameters cut") for line in said), said
     assert all(" parameters cut to their dim-0 rows in place over fsdp=2" in line for line in said), said
     for res in results:
         for r in res:
-            if r["run"] in (BREAK_REFUSED, GRAPH_BREAK_EAGER):
+            if r["run"] == TIED_EAGER_FSDP:     # the tied weight whole, the rest cut: under all but it
+                assert r["local_param_bytes"] < r["full_param_bytes"], r
+            if r["run"] in (BREAK_REFUSED, GRAPH_BREAK_EAGER, TIED_EAGER_FSDP):
                 continue
             if "fsdp" in r["run"]:      # the module's state is sharded: DCP sees DTensors
                 assert "DTensor" in r["state_kinds"], r

@@ -50,6 +50,7 @@ from . import data
 from .plan import ParallelPlan
 
 SHARDED = counters.counter("parameters sharded on the captured graph (COLAUTO_FSDP=graph)")
+LEFT_WHOLE = counters.counter("parameters left whole (not cut): read whole earlier in the step, outside the graph")
 _FULL: WeakIdKeyDictionary = WeakIdKeyDictionary()    # sharded Parameter -> its _Cut
 _STASH: WeakIdKeyDictionary = WeakIdKeyDictionary()   # while Dynamo traces: sharded Parameter -> its shard
 _MESHES: dict = {}                                    # mesh axes -> the DeviceMesh built for them (once)
@@ -124,6 +125,24 @@ class _Gather(torch.autograd.Function):
 
 def gather(shard: torch.Tensor, shape: tuple[int, ...], g: _Groups) -> torch.Tensor:
     return _Gather.apply(shard, shape, g.fsdp_group, g.fsdp_world, g.fsdp_rank, g.dp_group, g.world)
+
+
+def _read_whole(p: torch.Tensor, g: _Groups | None) -> bool:
+    """`p`, not yet cut, was read whole earlier in this step by code an autograd graph still holds (a tied
+    input embedding run eagerly before the head's graph cuts it: HF OPT under transformers 5.17). Cut now,
+    its gradient from this graph would be the rows' while autograd checks it against the whole shape (torch's
+    "invalid gradient" error), and that code's own gradient is whole: so it is left whole."""
+    if p in _FULL or g is None or not p.requires_grad:
+        return False
+    full = _STASH.get(p, p.data)
+    start, length = rows(full.shape[0], g.fsdp_rank, g.fsdp_world)
+    before = p.data
+    with torch.no_grad():
+        p.data = full.narrow(0, start, length)
+        try:
+            return compat.accumulator_shape(p) != tuple(p.data.shape)
+        finally:
+            p.data = before
 
 
 def _standins_on(*args) -> None:
@@ -218,6 +237,10 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
     g = groups(plan) if planned else None
     compat.on_dynamo_compile(_standins_on, _standins_off)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    whole = [i for i in at if _read_whole(example_inputs[i], g)]
+    for i in whole:            # replicated instead: its gradient averaged as under dp (data.py)
+        LEFT_WHOLE[names[i]] += 1
+    at = [i for i in at if i not in whole]
     inputs = list(example_inputs)
     cut = 0
     for i in at:
