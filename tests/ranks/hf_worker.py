@@ -3,7 +3,7 @@ every rank, each rank feeding its own micro-batch, against eager single-process 
 batch (computed on every rank). Each run is NAME@MESH (MESH as COLAUTO_MESH, "auto" for the planner's
 choice); options after it: +late (the optimizer is created after the first call), +inductor (codegen
 inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +break
-(a graph break after the first decoder layer), +eagerembed (the input embedding run eagerly), +split (compiled inside a module that runs the model's body,
+(a graph break after the first layer of the model's first ModuleList), +eagerembed (the input embedding run eagerly), +split (compiled inside a module that runs the model's body,
 breaks the graph, then runs its output embedding and the loss: GPT-2's head is its input embedding, so
 one weight is read on both sides of the break), +ckpt
 (a torch.distributed.checkpoint round trip after training), +clip (each step's gradients clipped to a norm
@@ -88,8 +88,8 @@ def run(spec: str, args) -> dict:
         options["fsdp"] = "dtensor"
     if "tight" in flags:
         options["memory_budget"] = "1.5MB"
-    if "break" in flags:      # a graph break after the first decoder layer: the next graph reads parameters too
-        first = next(m for n, m in model.named_modules() if n.endswith("layers.0"))
+    if "break" in flags:      # a graph break after the first layer of the first stack: the next graph reads parameters too
+        first = next(stack[0] for stack in model.modules() if isinstance(stack, torch.nn.ModuleList) and len(stack))
         first.register_forward_hook(lambda m, args, out: torch._dynamo.graph_break())
     wrapped = (Renamed(model) if "renamed" in flags else Split(model) if "split" in flags
                else EagerEmbedding(model) if "eagerembed" in flags else model)
