@@ -156,8 +156,8 @@ def _check_same(name: str, p: torch.Tensor, grad: torch.Tensor) -> None:
     checksums go in one collective at the backward's end (`_compare_pending`)."""
     g = grad.detach()       # no copy of it: a float64 one of a 2 GB embedding gradient would not fit at the peak
     sums = (torch.stack([g.sum(dtype=torch.float64), g.amax().double(), g.amin().double()]) if g.numel()
-            else torch.zeros(3, dtype=torch.float64))
-    _PENDING.append((name, p, sums.cpu()))
+            else g.new_zeros(3, dtype=torch.float64))
+    _PENDING.append((name, p, sums))     # on the gradient's device, where the group's collectives run
     compat.at_backward_end(_compare_pending)    # each time: a backward that failed never ran its callbacks
 
 
@@ -170,7 +170,7 @@ def _compare_pending() -> None:
     if not pending:         # an earlier callback of this backward compared them
         return
     sums = torch.stack([c for _, _, c in pending])
-    both = torch.cat([sums, -sums]).to(_collective_device())
+    both = torch.cat([sums, -sums])
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
     most, least = both[: len(pending)].cpu(), -both[len(pending):].cpu()
     differ = []
@@ -189,11 +189,6 @@ def _compare_pending() -> None:
         print(f"colauto: the gradient of {differ[0]} ({len(differ)} parameters) comes both from compiled graphs "
               "and from code Dynamo ran eagerly (after a graph break): averaged over the ranks outside the graphs "
               "too, each step", flush=True)
-
-
-def _collective_device() -> torch.device:
-    """Where the default group's collectives take tensors (gloo: CPU; NCCL: this rank's GPU)."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _is_state(node: fx.Node, t: torch.Tensor) -> bool:

@@ -134,15 +134,14 @@ def _read_whole(p: torch.Tensor, g: _Groups | None) -> bool:
     "invalid gradient" error), and that code's own gradient is whole: so it is left whole."""
     if p in _FULL or g is None or not p.requires_grad:
         return False
-    full = _STASH.get(p, p.data)
+    full = p.data            # not cut, so never stood in for (_standins_on)
     start, length = rows(full.shape[0], g.fsdp_rank, g.fsdp_world)
-    before = p.data
     with torch.no_grad():
         p.data = full.narrow(0, start, length)
         try:
             return compat.accumulator_shape(p) != tuple(p.data.shape)
         finally:
-            p.data = before
+            p.data = full
 
 
 def _standins_on(*args) -> None:
