@@ -920,6 +920,13 @@ def flatten_mesh_axes(device_mesh) -> None:
             device_mesh[dims]._flatten("_".join(dims))
 
 
+def local_piece(whole: torch.Tensor, mesh, placements) -> torch.Tensor:
+    """This rank's piece of `whole` under DTensor `placements` on `mesh`, with no communication (every rank
+    holds `whole`): distribute_tensor's `src_data_rank=None`."""
+    from torch.distributed.tensor import distribute_tensor
+    return distribute_tensor(whole, mesh, list(placements), src_data_rank=None).to_local()
+
+
 def outside_fake_mode():
     """A context where real tensors are real: AOTAutograd calls the partitioner under its FakeTensorMode,
     and the distributed plan made there runs collectives (torch._subclasses.fake_tensor, private)."""

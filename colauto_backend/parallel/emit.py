@@ -46,6 +46,18 @@ def owner(t) -> "Sharded | None":
     return got[0] if got is not None else None
 
 
+def activations_on_dtensors(plan: ParallelPlan) -> None:
+    """What running a tp plan's activations as DTensors needs (here and in tp_graph.py): a plain tensor the
+    model makes in forward (positions from arange, a rotary table from a buffer) is the same on every rank,
+    i.e. replicated; a gathered query keeps its layout (HF attention's reshape); ops with no DTensor rule
+    that the plan runs replicated get colauto's rule."""
+    compat.allow_implicit_replication()
+    _dtensor_rules.keep_local_layout()
+    for name in plan.predicted.get("replicated_ops", ()):
+        _dtensor_rules.run_replicated(_dtensor_rules.op_named(name))
+        REPLICATED_OPS[name] += 1
+
+
 def placements_of(spec: tuple[str, ...]) -> list:
     return [Replicate() if p == "R" else Shard(int(p[1:])) for p in spec]
 
@@ -72,13 +84,7 @@ class Sharded:
         """Replace the parameters (not from inside the backend: Dynamo checks its guards against the
         module right after the backend returns, so this runs at the first call)."""
         if not self.plain:
-            # tp activations are DTensors: a plain tensor the model makes in forward (positions from
-            # arange, a rotary table from a buffer) is the same on every rank, i.e. replicated
-            compat.allow_implicit_replication()
-            _dtensor_rules.keep_local_layout()   # a gathered query keeps its layout (HF attention's reshape)
-            for name in self.plan.predicted.get("replicated_ops", ()):   # no DTensor rule: run whole
-                _dtensor_rules.run_replicated(_dtensor_rules.op_named(name))
-                REPLICATED_OPS[name] += 1
+            activations_on_dtensors(self.plan)
         self._shard(self.root)
         if not self.plain:
             self._pin_tp_activations()

@@ -17,7 +17,7 @@ from .. import _torch_compat as compat
 from .. import counters, meta, planner, progress, report
 from ..config import Config, ConfigError
 from . import data
-from . import _dtensor_rules, choose, comm, emit, fsdp, mesh, strategy
+from . import _dtensor_rules, choose, comm, emit, fsdp, mesh, strategy, tp_graph
 from .plan import ParallelPlan
 
 # Share of device memory the plan may use when COLAUTO_MEMORY_BUDGET is unset. The layer DP spends
@@ -91,7 +91,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
         plans.append(plan_graph(*capture, names, params, config, candidates,
                                 prefer_data_parallel=config.mesh is None, analysis=analysis))
         routes.append(_route(plans[0], config, names, capture[1]))
-        if routes[0] == "graph":
+        if routes[0] in ("graph", "tp graph"):
             raise _Regather()
         return _first_call(plans[0])
 
@@ -113,6 +113,16 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
     _adopt(plan, config)      # the ranks check they made the same plan before anything runs
     if route == "graph":      # parallel/fsdp.py: the user's Parameters cut in place, gathered in the graph
         return fsdp.compile(gm, example_inputs, plan, functools.partial(make_local, memory_budget=_planned_budget(plan)))
+    if route == "tp graph":   # parallel/tp_graph.py: the captured graph lifted over the ranks, run on DTensors
+        try:
+            return tp_graph.compile(gm, example_inputs, plan,
+                                    functools.partial(make_local, memory_budget=_planned_budget(plan)))
+        except tp_graph.NotLifted as exc:
+            tp_graph.NOT_LIFTED[str(exc)] += 1
+            if report._rank() == 0:
+                print(f"colauto: plan {plan.mesh_str} runs as DTensor modules (the model re-traced), not on the "
+                      f"captured graph: {exc}", flush=True)
+            compiled = make_local(*_first_call(plan))(gm, example_inputs)
     if plan.data_parallel_only:
         data.prepare(gm, example_inputs, data.DataParallel.world_group())
         return _checked_gradients(gm, example_inputs, compiled)
@@ -131,9 +141,11 @@ class _Regather(Exception):
 
 def _route(plan: ParallelPlan, config: Config, names: dict[int, str], example_inputs: list) -> str:
     """How `plan` runs on this graph: "graph" (parallel/fsdp.py: its shards, and parameters an earlier
-    graph cut, gathered in the captured graph), "dp" (data parallelism as captured), "dtensor" (the sharded
-    module's DTensor path: tp, or COLAUTO_FSDP=dtensor), or "dtensor: REASON" (COLAUTO_FSDP=graph could
-    not run it). A graph reading parameters an earlier graph cut runs on the captured graph or not at all."""
+    graph cut, gathered in the captured graph), "tp graph" (parallel/tp_graph.py: a tp plan on the captured
+    graph, or, where that graph cannot be lifted, the DTensor path), "dp" (data parallelism as captured),
+    "dtensor" (the sharded module's DTensor path: COLAUTO_FSDP=dtensor), or "dtensor: REASON"
+    (COLAUTO_FSDP=graph could not run it). A graph reading parameters an earlier graph cut runs on the
+    captured graph or not at all."""
     cut = fsdp.reads_cut(example_inputs)      # parameters an earlier graph (before a break) cut in place
     if config.fsdp != "graph" and not cut:
         return "dp" if plan.data_parallel_only else "dtensor"
@@ -143,6 +155,8 @@ def _route(plan: ParallelPlan, config: Config, names: dict[int, str], example_in
               else fsdp.unsupported(plan, names, example_inputs))
     if reason is None:
         return "graph"
+    if plan.tensor_parallel and not cut:
+        return "tp graph"
     if cut:
         raise ConfigError("colauto: a graph after a graph break reads parameters an earlier graph sharded in "
                           f"place, and {reason} ({plan.mesh_str}), which the captured graph cannot run: remove the "

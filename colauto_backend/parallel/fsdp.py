@@ -74,11 +74,36 @@ class _Groups:
 class _Cut:
     shape: tuple[int, ...]             # the whole parameter's
     stride: tuple[int, ...]
-    groups: _Groups
+    groups: _Groups | None             # None: cut by tp_graph.py, by DTensor placements (`mesh`, `placements`)
+    tp_mesh: object = None
+    tp_placements: tuple = ()
 
     @property
     def rows(self) -> tuple[int, int]:
         return rows(self.shape[0], self.groups.fsdp_rank, self.groups.fsdp_world)
+
+    @property
+    def mesh(self):
+        return self.tp_mesh if self.groups is None else self.groups.mesh
+
+    @property
+    def placements(self) -> tuple:
+        return self.tp_placements if self.groups is None else self.groups.placements
+
+    def piece(self, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of the whole parameter `whole`."""
+        if self.groups is None:
+            return compat.local_piece(whole, self.mesh, self.placements)
+        start, length = self.rows
+        return whole.narrow(0, start, length)
+
+    def whole(self, piece: torch.Tensor) -> torch.Tensor:
+        """The whole parameter from every rank's piece (a collective: every rank calls it, in order)."""
+        if self.groups is None:
+            from torch.distributed.tensor import DTensor
+            return DTensor.from_local(piece, self.mesh, self.placements, run_check=False,
+                                      shape=torch.Size(self.shape), stride=self.stride).full_tensor()
+        return _all_gather_rows(piece, self.shape[0], self.groups.fsdp_world, self.groups.fsdp_group)
 
 
 def rows(n: int, rank: int, world: int) -> tuple[int, int]:
@@ -208,14 +233,33 @@ def shards(plan: ParallelPlan, names: dict[int, str], example_inputs: list) -> t
     return at, planned
 
 
+def built_mesh(axes):
+    """The DeviceMesh of `axes`, built once per set of axes (every rank compiles, so every rank builds it)."""
+    from .mesh import device_mesh
+    if axes not in _MESHES:
+        _MESHES[axes] = device_mesh(axes)
+    return _MESHES[axes]
+
+
+def cut_in_place(p: torch.nn.Parameter, piece: torch.Tensor, mesh, placements: tuple) -> None:
+    """Parameter `p` (whole) now holds only `piece`, its DTensor local tensor under `placements` on `mesh`
+    (parallel/tp_graph.py's cuts; fsdp's own are made in `compile`)."""
+    full = _STASH.get(p, p.data)
+    _FULL[p] = _Cut(tuple(full.shape), full.stride(), None, mesh, placements)
+    with torch.no_grad():
+        piece = piece.clone()
+    if p in _STASH:
+        _STASH[p] = piece
+    else:
+        p.data = piece
+    compat.route_clip_grad_norm(clip_grad_norm_)
+
+
 def groups(plan: ParallelPlan) -> _Groups:
     """The plan's mesh (built once per set of axes: every rank compiles, so every rank builds it) and this
     rank's place in it."""
     from torch.distributed.tensor import Replicate, Shard
-    from .mesh import device_mesh
-    built = _MESHES.get(plan.axes)
-    if built is None:
-        built = _MESHES[plan.axes] = device_mesh(plan.axes)
+    built = built_mesh(plan.axes)
     roles = [role for role, _ in plan.axes]
     others = [role for role in roles if role != "fsdp"]   # replicated over: a gradient is averaged there
     over = None if not others else built[others[0]] if len(others) == 1 else built["_".join(others)]   # flattened
@@ -259,6 +303,11 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             cut += 1
             compat.route_clip_grad_norm(clip_grad_norm_)
         cut_p = _FULL[p]
+        if cut_p.groups is None:
+            from ..config import ConfigError
+            raise ConfigError(f"colauto: a graph after a graph break reads {names[i]}, which tensor parallelism "
+                              "cut in an earlier graph: remove the graph break (TORCH_LOGS=graph_breaks names it), "
+                              "or set COLAUTO_MESH without tp")
         inputs[i] = compat.fake_parameter_like(_STASH.get(p, p.data), p.requires_grad)   # the shard, as it runs
         node = placeholders[i]
         with gm.graph.inserting_after(node):
@@ -299,7 +348,7 @@ def _expose_as_dtensors(root: torch.nn.Module) -> None:
         for name, p in mod._parameters.items():
             key, cut = prefix + name, (None if p is None else _FULL.get(p))
             if cut is not None and key in state_dict and not isinstance(state_dict[key], DTensor):
-                state_dict[key] = DTensor.from_local(state_dict[key], cut.groups.mesh, cut.groups.placements,
+                state_dict[key] = DTensor.from_local(state_dict[key], cut.mesh, cut.placements,
                                                      run_check=False, shape=torch.Size(cut.shape), stride=cut.stride)
     for m in holders:
         m.register_state_dict_post_hook(hook)
@@ -319,8 +368,7 @@ def _load_rows(mod, state_dict, prefix, *_) -> None:
         if isinstance(value, DTensor):
             value = value.full_tensor()
         if tuple(value.shape) == cut.shape:
-            start, length = cut.rows
-            state_dict[key] = value.narrow(0, start, length)
+            state_dict[key] = cut.piece(value)
 
 
 def full_tensor(p: torch.Tensor) -> torch.Tensor:
@@ -329,7 +377,7 @@ def full_tensor(p: torch.Tensor) -> torch.Tensor:
     cut = _FULL.get(p)
     if cut is None:
         return p.detach()
-    return _all_gather_rows(p.detach(), cut.shape[0], cut.groups.fsdp_world, cut.groups.fsdp_group)
+    return cut.whole(p.detach())
 
 
 _TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_     # torch's own, before any route is installed
@@ -355,7 +403,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         g = g.full_tensor() if hasattr(g, "full_tensor") else g
         norm = torch.linalg.vector_norm(g.float(), norm_type) if g.numel() else g.new_zeros((), dtype=torch.float32)
         cut = _FULL.get(p)
-        parts.setdefault(None if cut is None else cut.groups.fsdp_group, []).append(norm)
+        if cut is not None and cut.groups is None:    # a tp cut: the whole gradient's norm (gathered)
+            norm = torch.linalg.vector_norm(cut.whole(g).float(), norm_type)
+        parts.setdefault(None if cut is None or cut.groups is None else cut.groups.fsdp_group, []).append(norm)
     total = None
     for group, norms in sorted(parts.items(), key=lambda kv: kv[0] or ""):
         stacked = torch.stack(norms)

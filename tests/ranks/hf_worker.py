@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import colauto_backend  # noqa: E402
 from colauto_backend import output_grads  # noqa: E402
 from colauto_backend.backend import ANALYSES  # noqa: E402
-from colauto_backend.parallel import data, overlap  # noqa: E402
+from colauto_backend.parallel import data, overlap, tp_graph  # noqa: E402
 from colauto_backend.parallel.entry import PLANS  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
@@ -78,6 +78,7 @@ def run(spec: str, args) -> dict:
     prefetched, kept_in_order = overlap.SUNK["gathers prefetched"], sum(overlap.KEPT.values())
     specialized, kept = sum(output_grads.SPECIALIZED.values()), dict(output_grads.KEPT)
     eager_averaged = sum(data.EAGER_AVERAGED.values())
+    lifted, not_lifted = sum(tp_graph.LIFTED.values()), dict(tp_graph.NOT_LIFTED)
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
     seq = 32 if hf_zoo.SPECS[name].kind == "image" else args.seq     # the tiny configs' image side
@@ -144,6 +145,9 @@ def run(spec: str, args) -> dict:
            "grads_kept": {k: v - kept.get(k, 0) for k, v in output_grads.KEPT.items() if v > kept.get(k, 0)},
            # gradients of code Dynamo ran eagerly (a graph break), averaged over the ranks by data.py's hook
            "eager_grads_averaged": sum(data.EAGER_AVERAGED.values()) - eager_averaged,
+           # tp plans: graphs run on the captured graph (parallel/tp_graph.py), and why others were not
+           "tp_lifted": sum(tp_graph.LIFTED.values()) - lifted,
+           "tp_not_lifted": [k for k, v in tp_graph.NOT_LIFTED.items() if v > not_lifted.get(k, 0)],
            } | memory_terms(model)
     if norms:
         out["grad_norms"], out["ref_grad_norms"] = norms, ref_norms

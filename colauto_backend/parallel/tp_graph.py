@@ -1,0 +1,334 @@
+"""Tensor parallelism on the captured graph: the graph Dynamo captured, lifted over the ranks and run on DTensors.
+
+A tp plan (any mesh with a tp axis the plan uses) runs here by default: the module is not re-traced, no
+class is swapped and no parameter is replaced (`emit.Sharded`, the DTensor path, is what runs otherwise:
+COLAUTO_FSDP=dtensor, or a graph this path cannot lift, counted and said). Inside the backend call, for
+the one captured graph:
+
+1. **Pins.** Each linear whose weight the plan shards over tp gets a pin (`colauto::tp_pin`, an identity
+   custom op): a column linear's input is gathered over tp, a row linear's partial-sum output is
+   reduce-scattered back to batch shards (Megatron with sequence parallelism along the batch).
+2. **Lift.** The graph computes one rank's micro-batch, with its sizes written in as literals (a view to
+   (B, T, heads, dim)). It is lifted by `vmap` over a new leading "which rank" dim: each tensor input that is
+   not a parameter or buffer is stacked, and `make_fx` records the lifted aten graph. Literal sizes stay
+   right, a micro-batch of 1 works, and inputs need not be batch-first.
+3. **Run on DTensors inside AOTAutograd's trace.** The stack dim is sharded over every mesh axis (each rank
+   holds its own micro-batch); parameters are `DTensor.from_local(shard, storage)` redistributed to their
+   compute placement (fsdp's gather, whose backward reduce-scatters); buffers and values the graph makes
+   (positions, masks) are replicated. DTensor's sharding rules place every other op, and its autograd gives
+   the backward's collectives; the compiled local graph holds them all. Each rank's outputs are its own
+   micro-batch's; 0-dim losses are averaged as under data parallelism (`data.py`), and gradients are the
+   mean over the ranks (`_Mean`).
+4. **Parameters cut in place** (as `fsdp.py` does): each sharded Parameter's `.data` becomes the rank's
+   piece of its storage placement, so an optimizer built before compiling steps on it; `state_dict()` gives
+   DTensors (`fsdp._expose_as_dtensors`), and Dynamo sees full-shape stand-ins when it traces later.
+
+Not lifted (the DTensor path runs them, counted in `NOT_LIFTED`): graphs with symbolic sizes, graphs
+reading a parameter an earlier graph cut, graphs vmap
+cannot lift (in-place updates of buffers: BatchNorm's running statistics in training), and graphs DTensor
+cannot run. Research and the experiment behind this design: bench/sessions/tp_research/FINDINGS.md.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Callable
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from .. import _torch_compat as compat
+from .. import counters, report
+from . import data, fsdp
+from .plan import ParallelPlan
+
+LIFTED = counters.counter("tp graphs lifted over the ranks and run on DTensors (parallel/tp_graph.py)")
+NOT_LIFTED = counters.counter("tp graphs run by the DTensor re-trace instead of on the captured graph (reason)")
+RUN_REPLICATED = counters.counter("ops of a lifted tp graph DTensor could not place, run replicated (op, error)")
+_COL, _ROW = 0, 1
+
+
+class NotLifted(Exception):
+    """This graph cannot run tensor-parallel on its capture; the message says why."""
+
+
+@torch.library.custom_op("colauto::tp_pin", mutates_args=())
+def tp_pin(x: torch.Tensor, kind: int) -> torch.Tensor:
+    """Where tensor parallelism moves an activation (see the module docstring); the identity outside it."""
+    return x.clone()
+
+
+@tp_pin.register_fake
+def _(x, kind):
+    return torch.empty_like(x)
+
+
+def _pin_vmap(info, in_dims, x, kind):
+    # only values that hold the ranks' micro-batches move; the lifted graph's pins see the stack dim first,
+    # where the interpreter expects it
+    if in_dims[0] is None:
+        return x.clone(), None
+    return tp_pin(x.movedim(in_dims[0], 0), kind), 0
+
+
+tp_pin.register_vmap(_pin_vmap)
+
+
+def _tp_placement(spec: tuple[str, ...], tp: int) -> str:
+    return spec[tp]
+
+
+def pin(captured: fx.GraphModule, names: dict[int, str], plan: ParallelPlan) -> tuple[fx.GraphModule, int]:
+    """A copy of the captured graph with the plan's tp pins in it, and how many: a column linear's input
+    gathered over tp, a row linear's output reduce-scattered to batch shards; where the plan places layers
+    (`layer_places`), every value entering a placed layer moved to its place ("R": gathered over tp, "S":
+    batch-sharded), and every value leaving the last one batch-sharded (emit.py's hooks, as edges)."""
+    from .strategy import _LINEAR, _layer
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(captured.graph, {}))
+    gm = fx.GraphModule(captured, graph)
+    tp = [r for r, _ in plan.axes].index("tp")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    weight_of = {placeholders[i]: name for i, name in names.items()}
+    count = 0
+
+    def pinned(value: fx.Node, kind: int, before: fx.Node, made: dict) -> fx.Node:
+        nonlocal count
+        if (value, kind) not in made:
+            with gm.graph.inserting_before(before):
+                made[value, kind] = gm.graph.call_function(torch.ops.colauto.tp_pin.default, (value, kind))
+            count += 1
+        return made[value, kind]
+    if plan.layer_places:
+        places, made = plan.layer_places, {}
+        for n in list(gm.graph.nodes):
+            if n.op not in ("call_function", "call_method", "call_module"):
+                continue
+            here = _layer(n)
+            for a in n.all_input_nodes:
+                if a in weight_of or a.op == "get_attr":
+                    continue
+                there = _layer(a) if a.op != "placeholder" else None
+                if there == here:
+                    continue
+                place = places.get(here) or ("S" if there in places else None)
+                if place is not None:
+                    n.replace_input_with(a, pinned(a, _COL if place == "R" else _ROW, n, made))
+    gathered: dict = {}       # one gather of an input that several column linears read (q, k, v)
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target not in _LINEAR or len(n.args) < 2:
+            continue
+        spec = plan.compute.get(weight_of.get(n.args[1], ""))
+        if spec is None:
+            continue
+        if spec[tp] == "S0":          # column: its input gathered over tp
+            n.update_arg(0, pinned(n.args[0], _COL, n, gathered))
+        elif spec[tp] == "S1":        # row: its partial output back to batch shards
+            with gm.graph.inserting_after(n):
+                p = gm.graph.call_function(torch.ops.colauto.tp_pin.default, (n, _ROW))
+            n.replace_all_uses_with(p, delete_user_cb=lambda u: u is not p)
+            count += 1
+    gm.graph.lint()
+    gm.recompile()
+    return gm, count
+
+
+def lift(gm: fx.GraphModule, inputs: list, stacked: list[bool], world: int) -> fx.GraphModule:
+    """`gm` over a leading dim of `world` entries for the inputs marked `stacked` (an aten graph)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    in_dims = tuple(0 if s else None for s in stacked)
+
+    def one(*args):
+        out = gm(*args)
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
+    lifted = torch.func.vmap(one, in_dims=in_dims, randomness="different")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode()
+    with compat.outside_fake_mode(), mode:
+        examples = []
+        for t, s in zip(inputs, stacked):
+            if isinstance(t, torch.Tensor):
+                # requires_grad as it runs: kernels are chosen by it (CPU flash attention has no gradient
+                # for a mask, T5's position bias)
+                grad = t.requires_grad
+                t = (torch.empty((world, *t.shape), dtype=t.dtype, device=t.device) if s else
+                     torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)).requires_grad_(grad)
+            examples.append(t)
+    try:
+        return make_fx(lifted, tracing_mode="fake")(*examples)
+    except Exception as exc:   # noqa: BLE001 - any failure to lift sends the plan to the DTensor path
+        raise NotLifted(f"vmap cannot lift it: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from exc
+
+
+class _Mean(torch.autograd.Function):
+    """Identity; its backward divides the gradient by the world: a parameter's gradient is the mean over the
+    ranks' micro-batches, as DDP's, while each rank's outputs are its own."""
+
+    @staticmethod
+    def forward(ctx, x, world):
+        ctx.world = world
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / ctx.world, None
+
+
+class _OnDTensors(fx.Interpreter):
+    """Runs the lifted graph with DTensor values: pins redistribute over tp; a plain tensor an op makes (a
+    factory: positions, masks) is the same on every rank, so replicated."""
+
+    def __init__(self, gm, mesh, tp: int):
+        super().__init__(gm)
+        self.mesh, self.tp = mesh, tp
+
+    def call_function(self, target, args, kwargs):
+        if target is torch.ops.colauto.tp_pin.default:
+            x, kind = args
+            if not isinstance(x, DTensor):
+                return x
+            place = Replicate() if kind == _COL else Shard(0)
+            return x.redistribute(self.mesh, [place if i == self.tp else p for i, p in enumerate(x.placements)])
+        try:
+            out = super().call_function(target, args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - DTensor has no placement for this op here: run it replicated
+            if not isinstance(target, torch._ops.OpOverload) or not any(
+                    isinstance(a, DTensor) for a in pytree.tree_leaves((args, kwargs))):
+                raise
+            RUN_REPLICATED[f"{target} ({type(exc).__name__})"] += 1
+            whole = lambda a: (a.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)   # noqa: E731
+                               if isinstance(a, DTensor) else a)
+            out = super().call_function(target, *pytree.tree_map(whole, (args, kwargs)))
+        return self._replicated(out)
+
+    def _replicated(self, out):
+        if isinstance(out, torch.Tensor) and not isinstance(out, DTensor):
+            return DTensor.from_local(out, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)
+        if isinstance(out, (list, tuple)):
+            return type(out)(self._replicated(o) for o in out)
+        return out
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= s
+    return tuple(reversed(stride))
+
+
+def _runner(lifted: fx.GraphModule, kinds: list, mesh, tp: int, world: int, outputs: list) -> fx.GraphModule:
+    """A graph module over the rank's local inputs (parameter shards, buffers, its micro-batch) that runs
+    `lifted` on DTensors and returns the rank's own outputs; `kinds[i]`: ("param", storage, compute, shape,
+    stride) | ("state",) | ("stacked",) | ("value",)."""
+    every = [Shard(0)] * mesh.ndim
+
+    def run(*local):
+        args = []
+        for t, kind in zip(local, kinds):
+            if kind[0] == "param":
+                _, storage, compute, shape, stride = kind
+                d = DTensor.from_local(_Mean.apply(t, world), mesh, storage, run_check=False,
+                                       shape=torch.Size(shape), stride=stride)
+                args.append(d.redistribute(mesh, compute))
+            elif kind[0] == "state":
+                args.append(DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False))
+            elif kind[0] == "stacked":
+                shape = (world, *t.shape)
+                args.append(DTensor.from_local(t.unsqueeze(0).contiguous(), mesh, every, run_check=False,
+                                               shape=torch.Size(shape), stride=_contiguous_stride(shape)))
+            else:
+                args.append(t)
+        outs = _OnDTensors(lifted, mesh, tp).run(*args)
+        return tuple(o.redistribute(mesh, every).to_local().squeeze(0) if isinstance(o, DTensor) else o
+                     for o in outs)
+
+    graph = fx.Graph()
+    placeholders = [graph.placeholder(f"arg{i}") for i in range(len(kinds))]
+    result = graph.call_function(run, tuple(placeholders))
+    leaves = []
+    for k, example in enumerate(outputs):
+        leaf = graph.call_function(operator.getitem, (result, k))
+        leaf.meta["example_value"] = example
+        leaves.append(leaf)
+    graph.output(tuple(leaves))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def unsupported(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan) -> str | None:
+    """Why this path does not take this graph (None: it tries)."""
+    if any(not isinstance(t, torch.Tensor) for t in example_inputs):
+        return "the graph has symbolic sizes"
+    if fsdp.reads_cut(example_inputs):
+        return "it reads a parameter an earlier graph cut"
+    return None
+
+
+def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_local: Callable) -> Callable:
+    """The captured graph run tensor-parallel (see the module docstring), compiled by `make_local(dp)`;
+    raises NotLifted before anything is changed where it cannot."""
+    from .entry import state_names, owner_module, _checked_gradients   # local import: entry imports this module
+    reason = unsupported(gm, example_inputs, plan)
+    if reason is not None:
+        raise NotLifted(reason)
+    import torch.distributed as dist
+    names = state_names(gm)
+    roles = [r for r, _ in plan.axes]
+    tp = roles.index("tp")
+    mesh = fsdp.built_mesh(plan.axes)
+    world = dist.get_world_size()
+    dp = data.DataParallel.world_group()
+    data.prepare(gm, example_inputs, dp)          # rank 0's values everywhere, before any is cut
+    outputs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    out_examples = [o.meta.get("example_value") if isinstance(o, fx.Node) else o
+                    for o in (outputs if isinstance(outputs, (list, tuple)) else [outputs])]
+    from .emit import activations_on_dtensors, placements_of
+    activations_on_dtensors(plan)
+    pinned, pins = pin(gm, names, plan)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    stacked = [isinstance(t, torch.Tensor) and i not in names for i, t in enumerate(example_inputs)]
+    lifted = lift(pinned, example_inputs, stacked, world)
+    kinds, inputs, cuts = [], list(example_inputs), []
+    for i, t in enumerate(example_inputs):
+        name = names.get(i)
+        if isinstance(t, torch.nn.Parameter):
+            storage = placements_of(plan.storage.get(name, ("R",) * len(roles)))
+            compute = placements_of(plan.compute.get(name, ("R",) * len(roles)))
+            kinds.append(("param", storage, compute, tuple(t.shape), t.stride()))
+            if any(not isinstance(p, Replicate) for p in storage):
+                local = compat.local_piece(t.detach(), mesh, storage)
+                inputs[i] = compat.fake_parameter_like(local, t.requires_grad)
+                cuts.append((i, storage))
+        elif name is not None:
+            kinds.append(("state",))
+        elif stacked[i]:
+            kinds.append(("stacked",))
+        else:
+            kinds.append(("value",))
+    runner = _runner(lifted, kinds, mesh, tp, world, out_examples)
+    local_dp = data.DataParallel(dp.world, dp.group_name, reduce_grads=False)
+    try:
+        compiled = make_local(local_dp)(runner, inputs)
+    except Exception as exc:   # noqa: BLE001 - DTensor could not run it: the DTensor path runs the plan
+        inner = compat.unwrap_backend_error(exc)
+        import os, traceback
+        if os.environ.get("TPDEBUG"): traceback.print_exc()
+        raise NotLifted(f"DTensor cannot run the lifted graph: {type(inner).__name__}: "
+                        f"{str(inner).splitlines()[0][:160] if str(inner) else ''}") from exc
+    # compiled: now the parameters are cut in place (nothing changed before this point)
+    compat.on_dynamo_compile(fsdp._standins_on, fsdp._standins_off)
+    for i, storage in cuts:
+        p = example_inputs[i]
+        compat.guard_parameter_by_identity(placeholders[i])
+        fsdp.cut_in_place(p, compat.local_piece(p.detach(), mesh, storage), mesh, tuple(storage))
+        fsdp.SHARDED[names[i]] += 1
+    LIFTED[plan.mesh_str] += 1
+    if report._rank() == 0:
+        print(f"colauto: tp on the captured graph: {len(cuts)} parameters cut in place over {plan.mesh_str}, "
+              f"{pins} tp pins, the graph lifted over {world} ranks", flush=True)
+    if cuts:
+        fsdp._expose_as_dtensors(owner_module(gm, example_inputs))
+    fsdp._standins_off()
+    return _checked_gradients(gm, example_inputs, compiled)
