@@ -56,15 +56,16 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
             assert r["grad_fallbacks"] == 0, where
             # this rank holds exactly the shard the plan says
             assert r["local_shapes"] == r["planned_shapes"], where
-            # a distributed checkpoint of the DTensor state dict restores every value
-            # (DTensors where the module was sharded, its replicated parameters too; on the captured graph
-            # the sharded parameters as DTensors, the others plain; plain tensors under data parallelism,
-            # which leaves the parameters as they are)
-            on_graph = not r["plan"]["data_parallel_only"] and not r["plan"]["tp_modules"] and not r["plan"]["layer_places"]
-            if on_graph:
+            # a distributed checkpoint of the DTensor state dict restores every value (on the captured graph,
+            # fsdp's and tp's, the sharded parameters as DTensors, the others plain; plain tensors under data
+            # parallelism, which leaves the parameters as they are)
+            tp = bool(r["plan"]["tp_modules"] or r["plan"]["layer_places"])
+            # a tp plan runs on the captured graph (parallel/tp_graph.py) wherever vmap can lift it: every run here
+            assert (r["tp_lifted"] >= 1) == tp, where
+            if any(place != "R" for spec in r["plan"]["storage"].values() for place in spec):
                 assert "DTensor" in r["checkpoint"]["kinds"] and set(r["checkpoint"]["kinds"]) <= {"DTensor", "Tensor"}, where
             else:
-                assert r["checkpoint"]["kinds"] == (["Tensor"] if r["plan"]["data_parallel_only"] else ["DTensor"]), where
+                assert r["checkpoint"]["kinds"] == ["Tensor"], where
             assert r["checkpoint"]["max_diff"] == 0.0, where
     # Independent of the plan's arithmetic: over all ranks, each parameter's elements are held
     # (world / number of shards) times -- once per replica of a shard.

@@ -58,9 +58,17 @@ SHARDED_UNDER_BUDGET = "llama@fsdp=2+tight"
 # the first graph an output the loss never uses (its last hidden state): the forward's graph outputs are
 # tied to the loss (emit._tie_to_loss), else AOTAutograd's backward gets a plain zero for a DTensor tangent.
 # Qwen2-MoE and T5 run under codegen inductor (each about 35 s more than aten; under aten too, by hand).
-TP_2 = ["llama@tp=2+ckpt", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2", "qwen3@tp=2+late",
-        "vit@tp=2", "bert@tp=2", "mistral@tp=2", "gemma@tp=2", "falcon@tp=2", "qwen2_moe@tp=2+inductor",
-        "bart@tp=2", "t5@tp=2+inductor", "gpt2@tp=2", "resnet@tp=2"]
+# tp plans run on the captured graph (parallel/tp_graph.py: pins, the rank's graph lifted over the ranks by
+# vmap, run on DTensors inside AOTAutograd's trace, parameters cut in place): every tp plan here but two,
+# which run as DTensor modules (a re-trace), each with its reason said and counted (NOT_LIFTED): ResNet's
+# BatchNorm updates its running statistics in place (vmap cannot lift it) and T5's attention gives DTensor
+# a view of a strided shard it cannot place. T5 runs first: after a plan ran on the captured graph in the
+# same process, T5's DTensor re-trace fails to compile ("Node tangents_2 was invalid, but is output"; cause
+# not found, 2026-12-06: a known failure, not a silent one).
+TP_2 = ["t5@tp=2+inductor", "llama@tp=2+ckpt", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2",
+        "qwen3@tp=2+late", "vit@tp=2", "bert@tp=2", "mistral@tp=2", "gemma@tp=2", "falcon@tp=2",
+        "qwen2_moe@tp=2+inductor", "bart@tp=2", "gpt2@tp=2", "resnet@tp=2"]
+NOT_LIFTED = {"t5": "DTensor cannot run the lifted graph", "resnet": "vmap cannot lift it: RuntimeError: Batch norm"}
 # llama@dp=2,tp=2: its mask (made under Dynamo, replicated) gathers q/k/v over dp at CPU attention
 # dp x fsdp on the captured graph: rows cut over each fsdp pair, gradients reduce-scattered there and
 # all-reduced over dp; colauto_backend.clip_grad_norm_, whole tensors loaded into the shards, DCP
@@ -273,6 +281,19 @@ def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
     assert sharded and all(r["gathers_prefetched"] == 0 and r["graphs_kept_in_order"] > 0 for r in sharded), sharded
     # a tp graph whose logits are DTensors keeps their gradient, counted (output_grads.decide)
     assert any(r.get("grads_kept", {}).get("DTensor outputs (tensor parallelism)") for res in results for r in res)
+    # every tp plan ran on the captured graph but NOT_LIFTED's, each for its reason; nothing ran replicated
+    for res in results:
+        for r in res:
+            if r["run"] == TP_INDUCTOR_REFUSED or not r["tp_plans"]:
+                continue
+            reason = NOT_LIFTED.get(r["run"].split("@")[0])
+            if reason is None:
+                assert r["tp_lifted"] == r["tp_plans"] and not r["tp_not_lifted"], (r["run"], r["tp_not_lifted"])
+            else:
+                assert r["tp_lifted"] == 0 and len(r["tp_not_lifted"]) == 1, (r["run"], r["tp_not_lifted"])
+                assert r["tp_not_lifted"][0].startswith(reason), (r["run"], r["tp_not_lifted"])
+            assert not r["tp_run_replicated"], (r["run"], r["tp_run_replicated"])
+    assert sum(r["tp_lifted"] > 0 for r in results[0]) >= 9, [(r["run"], r["tp_lifted"]) for r in results[0]]
     for err in errors_of(results, TP_INDUCTOR_REFUSED):
         assert err.startswith("ConfigError: COLAUTO_MESH: tensor parallelism with codegen inductor trains this "
                               "BatchNorm model wrong"), err
@@ -284,6 +305,8 @@ def test_four_processes_train_hf_models_like_one(tmp_path):
     runs = [*RUNS_4, MESH_DOES_NOT_FIT]
     results = launch(tmp_path, 4, runs)
     check(results, runs, expected_errors=(MESH_DOES_NOT_FIT,))
+    # the 2-axis tp plan ran on the captured graph (parallel/tp_graph.py)
+    assert all(r["tp_lifted"] == 1 for res in results for r in res if r["run"] == "llama@dp=2,tp=2"), results
     for err in errors_of(results, MESH_DOES_NOT_FIT):
         assert "COLAUTO_MESH=2 has 2 devices but the job has 4 ranks" in err, err
         assert "\n" not in err.split(": ", 1)[1], err

@@ -118,6 +118,10 @@ def compile(gm: fx.GraphModule, example_inputs: list, config: Config, make_local
             return tp_graph.compile(gm, example_inputs, plan,
                                     functools.partial(make_local, memory_budget=_planned_budget(plan)))
         except tp_graph.NotLifted as exc:
+            if fsdp.reads_cut(example_inputs):   # the DTensor path cannot take parameters already cut
+                raise ConfigError(f"colauto: a graph reads parameters an earlier graph cut in place, and its tp plan "
+                                  f"({plan.mesh_str}) cannot run on the captured graph ({exc}): remove the graph "
+                                  "break (TORCH_LOGS=graph_breaks names it), or set COLAUTO_MESH without tp") from None
             tp_graph.NOT_LIFTED[str(exc)] += 1
             if report._rank() == 0:
                 print(f"colauto: plan {plan.mesh_str} runs as DTensor modules (the model re-traced), not on the "
@@ -155,7 +159,7 @@ def _route(plan: ParallelPlan, config: Config, names: dict[int, str], example_in
               else fsdp.unsupported(plan, names, example_inputs))
     if reason is None:
         return "graph"
-    if plan.tensor_parallel and not cut:
+    if plan.tensor_parallel:
         return "tp graph"
     if cut:
         raise ConfigError("colauto: a graph after a graph break reads parameters an earlier graph sharded in "

@@ -144,22 +144,29 @@ def lift(gm: fx.GraphModule, inputs: list, stacked: list[bool], world: int) -> f
         out = gm(*args)
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
     lifted = torch.func.vmap(one, in_dims=in_dims, randomness="different")
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    mode = FakeTensorMode()
-    with compat.outside_fake_mode(), mode:
-        examples = []
-        for t, s in zip(inputs, stacked):
-            if isinstance(t, torch.Tensor):
-                # requires_grad as it runs: kernels are chosen by it (CPU flash attention has no gradient
-                # for a mask, T5's position bias)
-                grad = t.requires_grad
-                t = (torch.empty((world, *t.shape), dtype=t.dtype, device=t.device) if s else
-                     torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)).requires_grad_(grad)
-            examples.append(t)
     try:
-        return make_fx(lifted, tracing_mode="fake")(*examples)
+        return make_fx(lifted, tracing_mode="fake")(*_fakes(inputs, [world if s else None for s in stacked]))
     except Exception as exc:   # noqa: BLE001 - any failure to lift sends the plan to the DTensor path
-        raise NotLifted(f"vmap cannot lift it: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from exc
+        raise NotLifted(f"vmap cannot lift it: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+
+
+def _fakes(inputs: list, stack: list) -> list:
+    """Fake tensors like `inputs` in a fake mode of their own (`stack[i]`: a leading dim of that many entries
+    for input i, or None), requiring gradients as the inputs do: kernels are chosen by it (CPU flash attention
+    has no gradient for a mask: T5's position bias)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    out = []
+    with compat.outside_fake_mode(), FakeTensorMode():
+        for t, n in zip(inputs, stack):
+            if isinstance(t, torch.Tensor):
+                t = (torch.empty((n, *t.shape), dtype=t.dtype, device=t.device) if n else
+                     torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)).requires_grad_(t.requires_grad)
+            out.append(t)
+    return out
 
 
 class _Mean(torch.autograd.Function):
@@ -261,8 +268,10 @@ def unsupported(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan) ->
     """Why this path does not take this graph (None: it tries)."""
     if any(not isinstance(t, torch.Tensor) for t in example_inputs):
         return "the graph has symbolic sizes"
-    if fsdp.reads_cut(example_inputs):
-        return "it reads a parameter an earlier graph cut"
+    mesh = fsdp.built_mesh(plan.axes) if fsdp.reads_cut(example_inputs) else None
+    if mesh is not None and any(fsdp._FULL[t].mesh is not mesh for t in example_inputs
+                                if isinstance(t, torch.nn.Parameter) and fsdp.is_cut(t)):
+        return "it reads a parameter an earlier graph cut over another mesh"
     return None
 
 
@@ -294,8 +303,14 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
     for i, t in enumerate(example_inputs):
         name = names.get(i)
         if isinstance(t, torch.nn.Parameter):
-            storage = placements_of(plan.storage.get(name, ("R",) * len(roles)))
             compute = placements_of(plan.compute.get(name, ("R",) * len(roles)))
+            cut = fsdp._FULL.get(t)
+            if cut is not None:     # cut by an earlier graph (a no_grad call first): read as it was cut
+                kinds.append(("param", list(cut.placements), compute, cut.shape, cut.stride))
+                inputs[i] = compat.fake_parameter_like(fsdp._STASH.get(t, t.data), t.requires_grad)
+                compat.guard_parameter_by_identity(placeholders[i])
+                continue
+            storage = placements_of(plan.storage.get(name, ("R",) * len(roles)))
             kinds.append(("param", storage, compute, tuple(t.shape), t.stride()))
             if any(not isinstance(p, Replicate) for p in storage):
                 local = compat.local_piece(t.detach(), mesh, storage)
@@ -308,15 +323,15 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
         else:
             kinds.append(("value",))
     runner = _runner(lifted, kinds, mesh, tp, world, out_examples)
-    local_dp = data.DataParallel(dp.world, dp.group_name, reduce_grads=False)
     try:
-        compiled = make_local(local_dp)(runner, inputs)
+        # the forward on fake tensors first, outside Dynamo's tracing context: where DTensor cannot run an op,
+        # that compile would fail half-way, and the DTensor path's compile after it failed too (T5 under
+        # codegen inductor: "Node tangents_2 was invalid")
+        from torch.fx.experimental.proxy_tensor import make_fx
+        make_fx(runner, tracing_mode="fake")(*_fakes(inputs, [None] * len(inputs)))
     except Exception as exc:   # noqa: BLE001 - DTensor could not run it: the DTensor path runs the plan
-        inner = compat.unwrap_backend_error(exc)
-        import os, traceback
-        if os.environ.get("TPDEBUG"): traceback.print_exc()
-        raise NotLifted(f"DTensor cannot run the lifted graph: {type(inner).__name__}: "
-                        f"{str(inner).splitlines()[0][:160] if str(inner) else ''}") from exc
+        raise NotLifted(f"DTensor cannot run the lifted graph: {_first_line(exc)}") from exc
+    compiled = make_local(data.DataParallel(dp.world, dp.group_name, reduce_grads=False))(runner, inputs)
     # compiled: now the parameters are cut in place (nothing changed before this point)
     compat.on_dynamo_compile(fsdp._standins_on, fsdp._standins_off)
     for i, storage in cuts:

@@ -79,6 +79,7 @@ def run(spec: str, args) -> dict:
     specialized, kept = sum(output_grads.SPECIALIZED.values()), dict(output_grads.KEPT)
     eager_averaged = sum(data.EAGER_AVERAGED.values())
     lifted, not_lifted = sum(tp_graph.LIFTED.values()), dict(tp_graph.NOT_LIFTED)
+    run_replicated = dict(tp_graph.RUN_REPLICATED)
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
     seq = 32 if hf_zoo.SPECS[name].kind == "image" else args.seq     # the tiny configs' image side
@@ -146,8 +147,10 @@ def run(spec: str, args) -> dict:
            # gradients of code Dynamo ran eagerly (a graph break), averaged over the ranks by data.py's hook
            "eager_grads_averaged": sum(data.EAGER_AVERAGED.values()) - eager_averaged,
            # tp plans: graphs run on the captured graph (parallel/tp_graph.py), and why others were not
+           "tp_plans": sum(plan.tensor_parallel for plan in PLANS),
            "tp_lifted": sum(tp_graph.LIFTED.values()) - lifted,
            "tp_not_lifted": [k for k, v in tp_graph.NOT_LIFTED.items() if v > not_lifted.get(k, 0)],
+           "tp_run_replicated": [k for k, v in tp_graph.RUN_REPLICATED.items() if v > run_replicated.get(k, 0)],
            } | memory_terms(model)
     if norms:
         out["grad_norms"], out["ref_grad_norms"] = norms, ref_norms

@@ -58,6 +58,8 @@ def run(spec: str, args) -> dict:
     outside = "outside" in flags
     rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
+    from colauto_backend.parallel import tp_graph
+    lifted_before = sum(tp_graph.LIFTED.values())
     torch.manual_seed(0)
     model, make = build(model_name, "tiny")
     ref = copy.deepcopy(model)
@@ -115,6 +117,8 @@ def run(spec: str, args) -> dict:
            "replicated_layers": plan.predicted.get("replicated_layers", []),
            "grad_norms": norms, "no_grad_loss_diffs": [abs(first - ref_first), abs(eval_loss - ref_eval_loss)], "logits_diff": logits_diff,
            "coord": coord, "grad_fallbacks": sharded.grad_fallbacks if sharded else 0,
+           # graphs of a tp plan run on the captured graph (parallel/tp_graph.py), not as DTensor modules
+           "tp_lifted": sum(tp_graph.LIFTED.values()) - lifted_before,
            "local_shapes": {n: list(_local(p).shape) for n, p in model.named_parameters()},
            "planned_shapes": {n: list(plan.local_shape(n, tuple(p.shape), coord))    # of the whole (the reference's)
                               for n, p in ref.named_parameters()},
