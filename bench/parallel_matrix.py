@@ -11,8 +11,9 @@ loses one model's cells, not the sweep's.
     python -m bench.parallel_matrix --out bench/results/cpu-<date>-parallel-matrix
     python -m bench.parallel_matrix --models llama t5 --meshes tp=2 dp=2,tp=2 --codegens inductor --out /tmp/m
 
-Writes matrix.json (every cell: run, verdict, error, seconds) and matrix.md (the table), and prints a line
-per launch. Takes about an hour on 2 cores for the whole matrix.
+Writes matrix.json (every cell: run, verdict, error, seconds, and for a tp plan whether it ran on the captured
+graph or on the DTensor path, and why) and matrix.md (the table: "pass*" where a tp plan passed on the DTensor
+path), and prints a line per launch. Takes about an hour on 2 cores for the whole matrix.
 """
 import argparse
 import json
@@ -93,8 +94,13 @@ def launch(model: str, nproc: int, cells: list[tuple[str, str]], timeout: int) -
         else:
             state, why = verdict(per_rank)
         seconds = per_rank[0]["seconds"] if per_rank else None
+        first = per_rank[0] if per_rank else {}
+        # a tp plan: "graph" (run on the captured graph, parallel/tp_graph.py) or "dtensor" (the re-trace), why
+        route = (None if not first.get("tp_plans") else "graph" if first.get("tp_lifted") == first["tp_plans"]
+                 else "dtensor")
         out.append({"run": run, "model": model, "mesh": mesh, "codegen": codegen, "nproc": nproc,
-                    "verdict": state, "error": why, "seconds": seconds})
+                    "verdict": state, "error": why, "seconds": seconds, "tp_route": route,
+                    "tp_not_lifted": first.get("tp_not_lifted") or None})
     return out
 
 
@@ -110,7 +116,12 @@ def table(cells: list[dict], meshes: list[str], codegens: list[str]) -> str:
             if cell is None:
                 row.append("")
             elif cell["verdict"] == "pass":
-                row.append("pass")
+                # a tp plan the DTensor re-trace ran instead of the captured graph: marked, its reason noted
+                if cell.get("tp_route") == "dtensor":
+                    notes.append(f"- {model} {mesh} {codegen}: passes on the DTensor path: {cell['tp_not_lifted']}")
+                    row.append(f"pass* ({len(notes)})")
+                else:
+                    row.append("pass")
             else:
                 notes.append(f"- {model} {mesh} {codegen}: {cell['error']}")
                 row.append(f"FAIL ({len(notes)})")

@@ -47,8 +47,8 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
                 assert r["replicated_layers"] and {"R", "S0"} <= placements, where
             if mesh != "auto":
                 assert r["plan"]["mesh"] == mesh, where
-            if r["run"] in PER_LAYER_TP:
-                assert r["plan"]["tp_modules"] and r["plan"]["predicted"]["tp_off_layers"], where
+            if r["run"] in PER_LAYER_TP:   # in the plan of one of the run's graphs (no_grad first, then training)
+                assert any(q["tp_modules"] and q["predicted"]["tp_off_layers"] for q in r["plans"]), where
             if r["run"] in WHOLE_BATCH:
                 assert r["plan"]["layer_places"], where
             if r["run"] in PURE_TP:   # every layer with tp weights runs tensor-parallel
@@ -62,7 +62,7 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
             tp = bool(r["plan"]["tp_modules"] or r["plan"]["layer_places"])
             # a tp plan runs on the captured graph (parallel/tp_graph.py) wherever vmap can lift it: every run here
             assert (r["tp_lifted"] >= 1) == tp, where
-            if any(place != "R" for spec in r["plan"]["storage"].values() for place in spec):
+            if any(place != "R" for spec in r["held_storage"].values() for place in spec or ()):
                 assert "DTensor" in r["checkpoint"]["kinds"] and set(r["checkpoint"]["kinds"]) <= {"DTensor", "Tensor"}, where
             else:
                 assert r["checkpoint"]["kinds"] == ["Tensor"], where
@@ -74,7 +74,7 @@ def check(results: list[list[dict]], runs: list[str], world: int) -> None:
         axes = [tuple(a.split("=")) for a in first["plan"]["mesh"].split(",")]
         for name, full in first["full_shapes"].items():
             held = sum(math.prod(res[i]["local_shapes"][name]) for res in results)
-            shards = math.prod(int(size) for (role, size), place in zip(axes, first["plan"]["storage"][name])
+            shards = math.prod(int(size) for (role, size), place in zip(axes, first["held_storage"][name] or ())
                                if place != "R")
             assert held == math.prod(full) * world // shards, (run, name)
 

@@ -293,7 +293,7 @@ def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
                 assert r["tp_lifted"] == 0 and len(r["tp_not_lifted"]) == 1, (r["run"], r["tp_not_lifted"])
                 assert r["tp_not_lifted"][0].startswith(reason), (r["run"], r["tp_not_lifted"])
             assert not r["tp_run_replicated"], (r["run"], r["tp_run_replicated"])
-    assert sum(r["tp_lifted"] > 0 for r in results[0]) >= 9, [(r["run"], r["tp_lifted"]) for r in results[0]]
+    assert sum(r.get("tp_lifted", 0) > 0 for r in results[0]) >= 9, [(r["run"], r.get("tp_lifted")) for r in results[0]]
     for err in errors_of(results, TP_INDUCTOR_REFUSED):
         assert err.startswith("ConfigError: COLAUTO_MESH: tensor parallelism with codegen inductor trains this "
                               "BatchNorm model wrong"), err

@@ -187,9 +187,9 @@ class _OnDTensors(fx.Interpreter):
     """Runs the lifted graph with DTensor values: pins redistribute over tp; a plain tensor an op makes (a
     factory: positions, masks) is the same on every rank, so replicated."""
 
-    def __init__(self, gm, mesh, tp: int):
+    def __init__(self, gm, mesh, tp: int, replicated: set):
         super().__init__(gm)
-        self.mesh, self.tp = mesh, tp
+        self.mesh, self.tp, self.replicated = mesh, tp, replicated
 
     def call_function(self, target, args, kwargs):
         if target is torch.ops.colauto.tp_pin.default:
@@ -204,7 +204,7 @@ class _OnDTensors(fx.Interpreter):
             if not isinstance(target, torch._ops.OpOverload) or not any(
                     isinstance(a, DTensor) for a in pytree.tree_leaves((args, kwargs))):
                 raise
-            RUN_REPLICATED[f"{target} ({type(exc).__name__})"] += 1
+            self.replicated.add(f"{target} ({type(exc).__name__})")
             whole = lambda a: (a.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)   # noqa: E731
                                if isinstance(a, DTensor) else a)
             out = super().call_function(target, *pytree.tree_map(whole, (args, kwargs)))
@@ -226,7 +226,8 @@ def _contiguous_stride(shape) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def _runner(lifted: fx.GraphModule, kinds: list, mesh, tp: int, world: int, outputs: list) -> fx.GraphModule:
+def _runner(lifted: fx.GraphModule, kinds: list, mesh, tp: int, world: int, outputs: list,
+            replicated: set) -> fx.GraphModule:
     """A graph module over the rank's local inputs (parameter shards, buffers, its micro-batch) that runs
     `lifted` on DTensors and returns the rank's own outputs; `kinds[i]`: ("param", storage, compute, shape,
     stride) | ("state",) | ("stacked",) | ("value",)."""
@@ -248,7 +249,7 @@ def _runner(lifted: fx.GraphModule, kinds: list, mesh, tp: int, world: int, outp
                                                shape=torch.Size(shape), stride=_contiguous_stride(shape)))
             else:
                 args.append(t)
-        outs = _OnDTensors(lifted, mesh, tp).run(*args)
+        outs = _OnDTensors(lifted, mesh, tp, replicated).run(*args)
         return tuple(o.redistribute(mesh, every).to_local().squeeze(0) if isinstance(o, DTensor) else o
                      for o in outs)
 
@@ -322,7 +323,8 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             kinds.append(("stacked",))
         else:
             kinds.append(("value",))
-    runner = _runner(lifted, kinds, mesh, tp, world, out_examples)
+    replicated: set[str] = set()      # ops DTensor could not place, run replicated (counted once compiled)
+    runner = _runner(lifted, kinds, mesh, tp, world, out_examples, replicated)
     try:
         # the forward on fake tensors first, outside Dynamo's tracing context: where DTensor cannot run an op,
         # that compile would fail half-way, and the DTensor path's compile after it failed too (T5 under
@@ -332,6 +334,8 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
     except Exception as exc:   # noqa: BLE001 - DTensor could not run it: the DTensor path runs the plan
         raise NotLifted(f"DTensor cannot run the lifted graph: {_first_line(exc)}") from exc
     compiled = make_local(data.DataParallel(dp.world, dp.group_name, reduce_grads=False))(runner, inputs)
+    for op in sorted(replicated):
+        RUN_REPLICATED[op] += 1
     # compiled: now the parameters are cut in place (nothing changed before this point)
     compat.on_dynamo_compile(fsdp._standins_on, fsdp._standins_off)
     for i, storage in cuts:

@@ -59,7 +59,8 @@ def run(spec: str, args) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch._dynamo.reset()
     from colauto_backend.parallel import tp_graph
-    lifted_before = sum(tp_graph.LIFTED.values())
+    from colauto_backend.parallel.entry import PLANS
+    lifted_before, plans_before = sum(tp_graph.LIFTED.values()), len(PLANS)
     torch.manual_seed(0)
     model, make = build(model_name, "tiny")
     ref = copy.deepcopy(model)
@@ -107,8 +108,13 @@ def run(spec: str, args) -> dict:
         eval_loss, ref_eval_loss = compiled(xs, ys).item(), ref(x, y).item()
         logits_diff = (compiled(xs) - ref(x).chunk(world)[rank]).abs().max().item()
 
-    from colauto_backend.parallel.entry import PLANS, SHARDED
+    from colauto_backend.parallel.entry import SHARDED
     plan = PLANS[-1]
+    # each graph plans on its own (the no_grad first call's graph, then the training graph); a parameter is
+    # held as the first plan that shards it says (its cut stands: parallel/fsdp.py, parallel/tp_graph.py)
+    plans = list(PLANS)[plans_before:]
+    holder = {n: next((q for q in plans if any(x != "R" for x in q.storage.get(n, ("R",)))), plan)
+              for n, _ in ref.named_parameters()}
     # a sharded plan shards the module (parallel/emit.py); data parallelism leaves the parameters as they are
     sharded = SHARDED[-1] if SHARDED and SHARDED[-1].plan is plan else None
     # the rank's mesh coordinate: init_device_mesh lays the ranks out row-major over the axes
@@ -120,8 +126,10 @@ def run(spec: str, args) -> dict:
            # graphs of a tp plan run on the captured graph (parallel/tp_graph.py), not as DTensor modules
            "tp_lifted": sum(tp_graph.LIFTED.values()) - lifted_before,
            "local_shapes": {n: list(_local(p).shape) for n, p in model.named_parameters()},
-           "planned_shapes": {n: list(plan.local_shape(n, tuple(p.shape), coord))    # of the whole (the reference's)
+           "planned_shapes": {n: list(holder[n].local_shape(n, tuple(p.shape), coord))  # of the whole (the reference's)
                               for n, p in ref.named_parameters()},
+           "held_storage": {n: holder[n].storage.get(n) for n, _ in ref.named_parameters()},
+           "plans": [q.to_json() for q in plans],
            "full_shapes": {n: list(p.shape) for n, p in ref.named_parameters()},
            "state_kinds": sorted({type(v).__name__ for v in model.state_dict().values()}),
            "max_param_diff": max((_full(p) - q).abs().max().item()
