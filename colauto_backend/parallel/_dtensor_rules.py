@@ -10,6 +10,7 @@ BatchNorm run on each rank's part of the batch (`batch_norm_per_rank`). The one 
 redistribution (torch 2.11-2.13); a torch upgrade edits this file."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -171,6 +172,21 @@ def batch_norm_per_rank() -> None:
     for name in _BATCH_NORM:
         d.dispatcher._custom_op_handlers[op_named(name)] = _batch_norm_forward
     d.dispatcher._custom_op_handlers[op_named(_BATCH_NORM_BACKWARD)] = _batch_norm_backward
+
+
+@contextlib.contextmanager
+def default_batch_norm():
+    """Within: DTensor's own BatchNorm rule, not `batch_norm_per_rank`'s. A graph lifted over the ranks
+    (parallel/tp_graph.py) already normalizes each rank's micro-batch on its own (vmap folds the ranks' stack
+    into the channels), where the per-rank rule would cut each micro-batch's rows apart instead."""
+    d = _dtensor()
+    handlers = d.dispatcher._custom_op_handlers
+    ops = [op_named(name) for name in (*_BATCH_NORM, _BATCH_NORM_BACKWARD)]
+    saved = {op: handlers.pop(op) for op in ops if op in handlers}
+    try:
+        yield
+    finally:
+        handlers.update(saved)
 
 
 def normalizes_batches(gm: torch.fx.GraphModule) -> bool:
@@ -509,6 +525,32 @@ def _mask_by_shape(op: torch._ops.OpOverload, rule):
 # DTensor modules that call redistribute_local_tensor by a name of their own
 _REDISTRIBUTE_USERS = ("torch.distributed.tensor._redistribute", "torch.distributed.tensor._dispatch",
                        "torch.distributed.tensor._api")
+
+
+def strided_sizes_outside_fake_mode() -> None:
+    """From now on, the index arithmetic of DTensor's strided shards runs on real tensors. Gathering a
+    `_StridedShard` (a sharded dim merged by a view after a replicated one: the ranks' stack with attention
+    heads in a lifted tp graph, parallel/tp_graph.py) asks `local_shard_size_and_offset` for the rank's
+    indices, which it computes with `torch.arange(...).tolist()`: inside AOTAutograd's fake mode that is a
+    data-dependent read, and the gather failed ("DataDependentOutputException: aten._local_scalar_dense"; HF
+    T5 and ResNet under tp=2, torch 2.13). The sizes are plain ints there, so the same arithmetic runs outside
+    every dispatch mode (fake, proxy, functional: private torch.utils._python_dispatch._disable_current_modes;
+    torch.distributed.tensor.placement_types._StridedShard, private too; absent: nothing to do)."""
+    from torch.distributed.tensor import placement_types
+    from torch.utils._python_dispatch import _disable_current_modes
+    cls = getattr(placement_types, "_StridedShard", None)
+    fn = getattr(cls, "local_shard_size_and_offset", None)
+    if fn is None or getattr(fn, "_colauto_outside_fake", False):
+        return
+
+    @functools.wraps(fn)
+    def wrapper(self, curr_local_size, *args, **kwargs):
+        if isinstance(curr_local_size, int):
+            with _disable_current_modes():
+                return fn(self, curr_local_size, *args, **kwargs)
+        return fn(self, curr_local_size, *args, **kwargs)
+    wrapper._colauto_outside_fake = True
+    cls.local_shard_size_and_offset = wrapper
 
 
 def keep_local_layout() -> None:

@@ -53,6 +53,7 @@ def activations_on_dtensors(plan: ParallelPlan) -> None:
     that the plan runs replicated get colauto's rule."""
     compat.allow_implicit_replication()
     _dtensor_rules.keep_local_layout()
+    _dtensor_rules.strided_sizes_outside_fake_mode()
     for name in plan.predicted.get("replicated_ops", ()):
         _dtensor_rules.run_replicated(_dtensor_rules.op_named(name))
         REPLICATED_OPS[name] += 1

@@ -23,10 +23,16 @@ the one captured graph:
    piece of its storage placement, so an optimizer built before compiling steps on it; `state_dict()` gives
    DTensors (`fsdp._expose_as_dtensors`), and Dynamo sees full-shape stand-ins when it traces later.
 
-Not lifted (the DTensor path runs them, counted in `NOT_LIFTED`): graphs with symbolic sizes, graphs
-reading a parameter an earlier graph cut, graphs vmap
-cannot lift (in-place updates of buffers: BatchNorm's running statistics in training), and graphs DTensor
-cannot run. Research and the experiment behind this design: bench/sessions/tp_research/FINDINGS.md.
+A later graph (a `no_grad` call first, then training; a graph after a break) reads a parameter an earlier
+graph cut as it was cut, whatever its own plan says, and cuts the ones its plan shards that are still whole.
+
+Not lifted (the DTensor path runs them, said on rank 0 and counted in `NOT_LIFTED`): graphs with symbolic
+sizes, graphs vmap cannot lift (in-place updates of buffers: BatchNorm's running statistics in training),
+and graphs DTensor cannot run (T5's attention: a view of a strided shard). A graph that reads parameters
+already cut and cannot be lifted is one line (`entry.compile`): the DTensor path cannot take cut
+parameters. An op DTensor cannot place in a graph that is lifted runs replicated (all its inputs
+gathered), counted in `RUN_REPLICATED`. Research and the experiment behind this design:
+bench/sessions/tp_research/FINDINGS.md.
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from .. import _torch_compat as compat
 from .. import counters, report
-from . import data, fsdp
+from . import _dtensor_rules, data, fsdp
 from .plan import ParallelPlan
 
 LIFTED = counters.counter("tp graphs lifted over the ranks and run on DTensors (parallel/tp_graph.py)")
@@ -243,6 +249,10 @@ def _runner(lifted: fx.GraphModule, kinds: list, mesh, tp: int, world: int, outp
                 args.append(d.redistribute(mesh, compute))
             elif kind[0] == "state":
                 args.append(DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False))
+            elif kind[0] == "own state":    # a view of the rank's buffer: an update in place reaches it
+                shape = (world, *t.shape)
+                args.append(DTensor.from_local(t.unsqueeze(0), mesh, every, run_check=False,
+                                               shape=torch.Size(shape), stride=(t.numel(), *t.stride())))
             elif kind[0] == "stacked":
                 shape = (world, *t.shape)
                 args.append(DTensor.from_local(t.unsqueeze(0).contiguous(), mesh, every, run_check=False,
@@ -299,7 +309,19 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
     pinned, pins = pin(gm, names, plan)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     stacked = [isinstance(t, torch.Tensor) and i not in names for i, t in enumerate(example_inputs)]
-    lifted = lift(pinned, example_inputs, stacked, world)
+    try:
+        lifted = lift(pinned, example_inputs, stacked, world)
+    except NotLifted as first:
+        # a buffer the graph updates in place from the micro-batch (BatchNorm's running statistics): each
+        # rank keeps its own, as under DDP, stacked with the micro-batches
+        own = [s or (isinstance(t, torch.Tensor) and i in names and not isinstance(t, torch.nn.Parameter))
+               for i, (s, t) in enumerate(zip(stacked, example_inputs))]
+        if own == stacked:
+            raise
+        try:
+            lifted, stacked = lift(pinned, example_inputs, own, world), own
+        except NotLifted:
+            raise first from None
     kinds, inputs, cuts = [], list(example_inputs), []
     for i, t in enumerate(example_inputs):
         name = names.get(i)
@@ -318,7 +340,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
                 inputs[i] = compat.fake_parameter_like(local, t.requires_grad)
                 cuts.append((i, storage))
         elif name is not None:
-            kinds.append(("state",))
+            kinds.append(("own state",) if stacked[i] else ("state",))
         elif stacked[i]:
             kinds.append(("stacked",))
         else:
@@ -330,10 +352,16 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
         # that compile would fail half-way, and the DTensor path's compile after it failed too (T5 under
         # codegen inductor: "Node tangents_2 was invalid")
         from torch.fx.experimental.proxy_tensor import make_fx
-        make_fx(runner, tracing_mode="fake")(*_fakes(inputs, [None] * len(inputs)))
+        with _dtensor_rules.default_batch_norm():
+            make_fx(runner, tracing_mode="fake")(*_fakes(inputs, [None] * len(inputs)))
     except Exception as exc:   # noqa: BLE001 - DTensor could not run it: the DTensor path runs the plan
         raise NotLifted(f"DTensor cannot run the lifted graph: {_first_line(exc)}") from exc
-    compiled = make_local(data.DataParallel(dp.world, dp.group_name, reduce_grads=False))(runner, inputs)
+    try:
+        with _dtensor_rules.default_batch_norm():   # each rank's micro-batch is normalized alone already
+            compiled = make_local(data.DataParallel(dp.world, dp.group_name, reduce_grads=False))(runner, inputs)
+    except Exception as exc:   # noqa: BLE001 - its backward: DTensor could not run it either
+        raise NotLifted(f"DTensor cannot run the lifted graph's backward: "
+                        f"{_first_line(compat.unwrap_backend_error(exc))}") from exc
     for op in sorted(replicated):
         RUN_REPLICATED[op] += 1
     # compiled: now the parameters are cut in place (nothing changed before this point)
