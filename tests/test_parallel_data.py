@@ -64,9 +64,13 @@ SHARDED_UNDER_BUDGET = "llama@fsdp=2+tight"
 # the backward of a view of a strided shard in its attention. ResNet's BatchNorm running statistics are the
 # rank's own buffers, stacked with the micro-batches. T5 runs after plans that ran on the captured graph
 # in the same process (its re-trace failed to compile there while the two paths built separate meshes).
-TP_2 = ["llama@tp=2+ckpt", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2", "qwen3@tp=2+late",
+# Llama's optimizer is made after the first call, its gradients clipped by torch's clip_grad_norm_ (the
+# whole gradient's norm), its state dict round-trips through DCP and whole tensors load into its pieces;
+# under +break (a graph break in its first layer) each of its two graphs runs on the captured graph.
+# BART's forward is wrapped in one naming itself `s`.
+TP_2 = ["llama@tp=2+late+ckpt+clip+load", "llama@tp=2+break", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2", "qwen3@tp=2+late",
         "vit@tp=2", "bert@tp=2", "mistral@tp=2", "gemma@tp=2", "falcon@tp=2", "qwen2_moe@tp=2+inductor",
-        "bart@tp=2", "t5@tp=2+inductor", "gpt2@tp=2", "resnet@tp=2", "resnet@tp=2+inductor"]
+        "bart@tp=2+renamed", "t5@tp=2+inductor", "gpt2@tp=2", "resnet@tp=2", "resnet@tp=2+inductor"]
 NOT_LIFTED = {"t5": "DTensor cannot run the lifted graph"}
 # llama@dp=2,tp=2: its mask (made under Dynamo, replicated) gathers q/k/v over dp at CPU attention
 # dp x fsdp on the captured graph: rows cut over each fsdp pair, gradients reduce-scattered there and
