@@ -37,6 +37,10 @@ from colauto_backend.parallel import data, overlap, tp_graph  # noqa: E402
 from colauto_backend.parallel.entry import PLANS  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
+# without `pip install -e .` (a bare GPU host) the torch_dynamo_backends entry point is missing
+if "colauto" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(colauto_backend.colauto, name="colauto")
+
 
 CLIP = 0.05     # +clip's norm: below the tiny models' gradient norms, so every step clips
 TORCH_CLIP = torch.nn.utils.clip_grad.clip_grad_norm_     # the reference's: torch's own, bound before colauto runs
