@@ -151,9 +151,30 @@ def lift(gm: fx.GraphModule, inputs: list, stacked: list[bool], world: int) -> f
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
     lifted = torch.func.vmap(one, in_dims=in_dims, randomness="different")
     try:
-        return make_fx(lifted, tracing_mode="fake")(*_fakes(inputs, [world if s else None for s in stacked]))
+        graph = make_fx(lifted, tracing_mode="fake")(*_fakes(inputs, [world if s else None for s in stacked]))
     except Exception as exc:   # noqa: BLE001 - any failure to lift sends the plan to the DTensor path
         raise NotLifted(f"vmap cannot lift it: {_first_line(exc)}") from exc
+    _split_multi_dim_squeezes(graph)
+    return graph
+
+
+def _split_multi_dim_squeezes(gm: fx.GraphModule) -> None:
+    """`aten.squeeze.dims(x, dims)` (vmap writes it) as one `squeeze.dim` per dim, highest first: torch 2.11's
+    DTensor has no rule for the several-dims form (HF Llama's lifted graph then went to the DTensor path)."""
+    aten = torch.ops.aten
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target is aten.squeeze.dims:
+            x, dims = n.args[0], n.args[1]
+            rank = n.args[0].meta["val"].dim() if "val" in n.args[0].meta else None
+            if rank is None:
+                continue
+            with gm.graph.inserting_before(n):
+                for d in sorted({d % rank for d in dims}, reverse=True):
+                    x = gm.graph.call_function(aten.squeeze.dim, (x, d))
+            n.replace_all_uses_with(x)
+            gm.graph.erase_node(n)
+    gm.graph.lint()
+    gm.recompile()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -213,7 +234,13 @@ class _OnDTensors(fx.Interpreter):
             self.replicated.add(f"{target} ({type(exc).__name__})")
             whole = lambda a: (a.redistribute(self.mesh, [Replicate()] * self.mesh.ndim)   # noqa: E731
                                if isinstance(a, DTensor) else a)
-            out = super().call_function(target, *pytree.tree_map(whole, (args, kwargs)))
+            args, kwargs = pytree.tree_map(whole, (args, kwargs))
+            try:
+                out = super().call_function(target, args, kwargs)
+            except Exception:  # noqa: BLE001 - no rule even replicated (torch 2.11: aten.squeeze.dims): run it
+                # on the whole tensors, which every rank holds; the result is replicated
+                local = lambda a: a.to_local() if isinstance(a, DTensor) else a   # noqa: E731
+                out = super().call_function(target, *pytree.tree_map(local, (args, kwargs)))
         return self._replicated(out)
 
     def _replicated(self, out):
