@@ -36,7 +36,6 @@ bench/sessions/tp_research/FINDINGS.md.
 """
 from __future__ import annotations
 
-import math
 import operator
 from typing import Callable
 
@@ -80,10 +79,6 @@ def _pin_vmap(info, in_dims, x, kind):
 
 
 tp_pin.register_vmap(_pin_vmap)
-
-
-def _tp_placement(spec: tuple[str, ...], tp: int) -> str:
-    return spec[tp]
 
 
 def pin(captured: fx.GraphModule, names: dict[int, str], plan: ParallelPlan) -> tuple[fx.GraphModule, int]:
