@@ -101,3 +101,19 @@ def test_symbolic_sizes_are_not_lifted():
     plan = ParallelPlan((("tp", 2),), {}, {}, {"m": "col"})
     assert tp_graph.unsupported(None, [torch.zeros(2), 4], plan) == "the graph has symbolic sizes"
     assert tp_graph.unsupported(None, [torch.zeros(2)], plan) is None
+
+
+def test_multi_dim_squeezes_become_single_dim_ones():
+    """vmap writes `aten.squeeze.dims`, which torch 2.11's DTensor has no rule for: the lifted graph gets one
+    `squeeze.dim` per dim instead, highest first (negative dims too), and computes what the original does."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    aten = torch.ops.aten
+    x = torch.randn(1, 3, 1, 4, 1)
+    gm = make_fx(lambda t: aten.squeeze.dims(t, [0, 2, -1]) * 2)(x)
+    want = gm(x)
+    tp_graph._split_multi_dim_squeezes(gm)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert aten.squeeze.dims not in targets
+    assert [n.args[1] for n in gm.graph.nodes if n.target is aten.squeeze.dim] == [4, 2, 0]
+    torch.testing.assert_close(gm(x), want, rtol=0, atol=0)
+    assert gm(x).shape == (3, 4)
