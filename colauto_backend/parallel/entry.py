@@ -254,7 +254,29 @@ def _checked_gradients(gm: fx.GraphModule, example_inputs: list, compiled: Calla
         # modules, parameters passed as arguments, a compiled optimizer step): no check, counted
         data.UNCHECKED["no one module holds the graph's parameters"] += 1
         return compiled
-    return data.check_eager_gradients(module, gm, compiled, example_inputs, cut=fsdp.is_cut)
+    # the outermost module holding it: where Dynamo skipped the compiled module's own frame (HF Qwen2-MoE under
+    # transformers 5.17: "falling back to eager"), graphs belong to submodules, and the parameters only eager
+    # code reads (its embedding, its experts) got no hook: each rank kept its own gradient, and the ranks'
+    # parameters drifted apart under dp, fsdp and tp
+    return data.check_eager_gradients(_outermost(module), gm, compiled, example_inputs, cut=fsdp.is_cut)
+
+
+def _outermost(module: torch.nn.Module) -> torch.nn.Module:
+    """The outermost live module that holds `module` (itself if none does), through the modules' own child
+    dictionaries (no attribute access: see `_stored_parameter`); torch.compile's wrapper does not count (its
+    parameters' names would start with `_orig_mod.`)."""
+    from torch._dynamo.eval_frame import OptimizedModule   # torch.compile's wrapper: not the user's module
+    parent: dict[int, torch.nn.Module] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.nn.Module) and not issubclass(type(obj), OptimizedModule):
+            for child in vars(obj).get("_modules", {}).values():
+                if child is not None:
+                    parent.setdefault(id(child), obj)
+    seen = {id(module)}
+    while id(module) in parent and id(parent[id(module)]) not in seen:
+        module = parent[id(module)]
+        seen.add(id(module))
+    return module
 
 
 def _planned_budget(plan: ParallelPlan) -> tuple[str, float]:
