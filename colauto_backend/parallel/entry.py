@@ -247,8 +247,9 @@ def _checked_gradients(gm: fx.GraphModule, example_inputs: list, compiled: Calla
     (a parameter FSDP cut: refused), `data.check_eager_gradients`."""
     if not any(isinstance(t, torch.nn.Parameter) for t in [*example_inputs, *gm.parameters()]):
         return compiled
+    live = _live_modules()
     try:
-        module = owner_module(gm, example_inputs)
+        module = owner_module(gm, example_inputs, live)
     except (RuntimeError, IndexError):
         # no one module holds the graph's parameters (a compiled training-step function over several
         # modules, parameters passed as arguments, a compiled optimizer step): no check, counted
@@ -258,17 +259,23 @@ def _checked_gradients(gm: fx.GraphModule, example_inputs: list, compiled: Calla
     # transformers 5.17: "falling back to eager"), graphs belong to submodules, and the parameters only eager
     # code reads (its embedding, its experts) got no hook: each rank kept its own gradient, and the ranks'
     # parameters drifted apart under dp, fsdp and tp
-    return data.check_eager_gradients(_outermost(module), gm, compiled, example_inputs, cut=fsdp.is_cut)
+    return data.check_eager_gradients(_outermost(module, live), gm, compiled, example_inputs, cut=fsdp.is_cut)
 
 
-def _outermost(module: torch.nn.Module) -> torch.nn.Module:
+def _live_modules() -> list[torch.nn.Module]:
+    """Every live nn.Module (one scan of the garbage collector's objects). type(): isinstance would follow dead
+    weak proxies."""
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), torch.nn.Module)]
+
+
+def _outermost(module: torch.nn.Module, live: list[torch.nn.Module]) -> torch.nn.Module:
     """The outermost live module that holds `module` (itself if none does), through the modules' own child
     dictionaries (no attribute access: see `_stored_parameter`); torch.compile's wrapper does not count (its
     parameters' names would start with `_orig_mod.`)."""
     from torch._dynamo.eval_frame import OptimizedModule   # torch.compile's wrapper: not the user's module
     parent: dict[int, torch.nn.Module] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.nn.Module) and not issubclass(type(obj), OptimizedModule):
+    for obj in live:
+        if not issubclass(type(obj), OptimizedModule):
             for child in vars(obj).get("_modules", {}).values():
                 if child is not None:
                     parent.setdefault(id(child), obj)
@@ -409,15 +416,15 @@ def _register_rules() -> None:
     _dtensor_rules.batch_norm_per_rank()       # BatchNorm's statistics per rank, as under dp (DTensor's: global)
 
 
-def owner_module(gm: fx.GraphModule, example_inputs: list) -> torch.nn.Module:
+def owner_module(gm: fx.GraphModule, example_inputs: list, live: list | None = None) -> torch.nn.Module:
     """The module the graph's parameters are named under (the compiled one, or the module a graph after a
-    break runs in), found among the live modules by those names: no frame is read."""
+    break runs in), found among the live modules (`live`, else `_live_modules()`) by those names: no frame
+    is read."""
     pairs = list(graph_params(gm, example_inputs)[1].items())
     first_name, first = pairs[0]
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.nn.Module):    # type(): isinstance would follow dead weak proxies
-            if _stored_parameter(obj, first_name) is first and all(_stored_parameter(obj, n) is t for n, t in pairs):
-                return obj
+    for obj in _live_modules() if live is None else live:
+        if _stored_parameter(obj, first_name) is first and all(_stored_parameter(obj, n) is t for n, t in pairs):
+            return obj
     raise RuntimeError("colauto: no live module holds this graph's parameters under the names Dynamo traced "
                        f"({first_name}, ...): compile the nn.Module that owns them")
 

@@ -246,14 +246,6 @@ class _OnDTensors(fx.Interpreter):
         return out
 
 
-def _contiguous_stride(shape) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= s
-    return tuple(reversed(stride))
-
-
 def _runner(lifted: fx.GraphModule, kinds: list, mesh, tp: int, world: int, outputs: list,
             replicated: set) -> fx.GraphModule:
     """A graph module over the rank's local inputs (parameter shards, buffers, its micro-batch) that runs
@@ -271,14 +263,11 @@ def _runner(lifted: fx.GraphModule, kinds: list, mesh, tp: int, world: int, outp
                 args.append(d.redistribute(mesh, compute))
             elif kind[0] == "state":
                 args.append(DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False))
-            elif kind[0] == "own state":    # a view of the rank's buffer: an update in place reaches it
-                shape = (world, *t.shape)
+            elif kind[0] in ("own state", "stacked"):
+                # the rank's entry of the stack; a buffer's is a view of it, so an update in place reaches it
+                t = t if kind[0] == "own state" else t.contiguous()
                 args.append(DTensor.from_local(t.unsqueeze(0), mesh, every, run_check=False,
-                                               shape=torch.Size(shape), stride=(t.numel(), *t.stride())))
-            elif kind[0] == "stacked":
-                shape = (world, *t.shape)
-                args.append(DTensor.from_local(t.unsqueeze(0).contiguous(), mesh, every, run_check=False,
-                                               shape=torch.Size(shape), stride=_contiguous_stride(shape)))
+                                               shape=torch.Size((world, *t.shape)), stride=(t.numel(), *t.stride())))
             else:
                 args.append(t)
         outs = _OnDTensors(lifted, mesh, tp, replicated).run(*args)
