@@ -480,3 +480,21 @@ def test_a_collective_of_a_convolution_gradient_is_found():
         assert compat._buckets_a_conv_gradient(graph(aten.convolution_backward.default, collective)) == [name]
         assert compat._buckets_a_conv_gradient(graph(aten.mm.default, collective)) == []
     assert bool(compat._BUCKETING_VIEWS) == (not compat.torch_at_least(2, 12))
+
+
+def test_a_view_of_a_strided_shard_with_no_rule_runs_gathered(meshes):
+    """A view that merges a strided-shard dim into the dim before it (a lifted tp graph's ranks' stack with
+    T5's batch x heads scores, in their matmul's backward): DTensor's view rule raises there; with
+    `views_of_strided_shards` the view runs on its input gathered over that mesh dim, its output whole and
+    of the right shape, counted; a view DTensor's rule places is left to it (nothing counted)."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+    mesh = meshes["1d"]
+    scores = DTensor.from_local(T(2, 8 // WORLD, 16, 16), mesh, [_StridedShard(1, split_factor=2)], run_check=False,
+                                shape=torch.Size((2, 8, 16, 16)), stride=(2048, 256, 16, 1))
+    rules.views_of_strided_shards()
+    before = dict(rules.STRIDED_VIEWS_GATHERED)
+    plain = DTensor.from_local(T(2, 8 // WORLD, 16, 16), mesh, [Shard(1)], run_check=False)
+    assert plain.view(2, 8, 256).placements == (Shard(1),) and rules.STRIDED_VIEWS_GATHERED == before
+    flat = scores.view(16, 16, 16)
+    assert flat.shape == (16, 16, 16) and flat.placements == (Replicate(),) and flat.to_local().shape == (16, 16, 16)
+    assert rules.STRIDED_VIEWS_GATHERED["aten.view.default"] == before.get("aten.view.default", 0) + 1

@@ -59,19 +59,23 @@ SHARDED_UNDER_BUDGET = "llama@fsdp=2+tight"
 # tied to the loss (emit._tie_to_loss), else AOTAutograd's backward gets a plain zero for a DTensor tangent.
 # Qwen2-MoE and T5 run under codegen inductor (each about 35 s more than aten; under aten too, by hand).
 # tp plans run on the captured graph (parallel/tp_graph.py: pins, the rank's graph lifted over the ranks by
-# vmap, run on DTensors inside AOTAutograd's trace, parameters cut in place): every tp plan here but T5's,
-# which runs as DTensor modules (a re-trace), its reason said and counted (NOT_LIFTED): DTensor cannot run
-# the backward of a view of a strided shard in its attention. ResNet's BatchNorm running statistics are the
-# rank's own buffers, stacked with the micro-batches. T5 runs after plans that ran on the captured graph
-# in the same process (its re-trace failed to compile there while the two paths built separate meshes).
+# vmap, run on DTensors inside AOTAutograd's trace, parameters cut in place): every tp plan here, T5's
+# included. Its attention scores' gradient, a strided shard (the ranks' stack before batch x heads), is
+# flattened by a view DTensor 2.13 has no rule for (KeyError): since 2026-12-06 that view runs on its
+# gathered input (_dtensor_rules.views_of_strided_shards), counted (STRIDED_VIEWS); before, T5 ran as
+# DTensor modules (a re-trace). That path (COLAUTO_FSDP=dtensor; still taken by graphs that cannot be
+# lifted: symbolic sizes) runs T5 too (+dtensor), its logits' gradient kept (DTensor outputs), last: after
+# plans on the captured graph in the same process (its re-trace once failed there: two equal meshes). ResNet's
+# BatchNorm running statistics are the rank's own buffers, stacked with the micro-batches.
 # Llama's optimizer is made after the first call, its gradients clipped by torch's clip_grad_norm_ (the
 # whole gradient's norm), its state dict round-trips through DCP and whole tensors load into its pieces;
 # under +break (a graph break in its first layer) each of its two graphs runs on the captured graph.
 # BART's forward is wrapped in one naming itself `s`.
 TP_2 = ["llama@tp=2+late+ckpt+clip+load", "llama@tp=2+break", "qwen2@tp=2+inductor", "gpt_neox@tp=2", "opt@tp=2", "phi3@tp=2", "qwen3@tp=2+late",
         "vit@tp=2", "bert@tp=2", "mistral@tp=2", "gemma@tp=2", "falcon@tp=2", "qwen2_moe@tp=2+inductor",
-        "bart@tp=2+renamed", "t5@tp=2+inductor", "gpt2@tp=2", "resnet@tp=2", "resnet@tp=2+inductor"]
-NOT_LIFTED = {"t5": "DTensor cannot run the lifted graph"}
+        "bart@tp=2+renamed", "t5@tp=2+inductor", "gpt2@tp=2", "resnet@tp=2", "resnet@tp=2+inductor", "t5@tp=2+dtensor"]
+NOT_LIFTED: dict[str, str] = {}     # model -> why its tp plans run on the DTensor path (none now)
+STRIDED_VIEWS = {"t5"}              # models whose lifted backward gathers a strided view
 # llama@dp=2,tp=2: its mask (made under Dynamo, replicated) gathers q/k/v over dp at CPU attention
 # dp x fsdp on the captured graph: rows cut over each fsdp pair, gradients reduce-scattered there and
 # all-reduced over dp; colauto_backend.clip_grad_norm_, whole tensors loaded into the shards, DCP
@@ -285,18 +289,24 @@ def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
     assert sharded and all(r["gathers_prefetched"] == 0 and r["graphs_kept_in_order"] > 0 for r in sharded), sharded
     # a tp graph whose logits are DTensors keeps their gradient, counted (output_grads.decide)
     assert any(r.get("grads_kept", {}).get("DTensor outputs (tensor parallelism)") for res in results for r in res)
-    # every tp plan ran on the captured graph but NOT_LIFTED's, each for its reason; nothing ran replicated
+    # every tp plan ran on the captured graph but NOT_LIFTED's, each for its reason, and those forced onto the
+    # DTensor path (+dtensor); nothing ran replicated; the strided views STRIDED_VIEWS names ran gathered
     for res in results:
         for r in res:
             if r["run"] == TP_INDUCTOR_REFUSED or not r["tp_plans"]:
                 continue
             reason = NOT_LIFTED.get(r["run"].split("@")[0])
-            if reason is None:
+            forced = "+dtensor" in r["run"]
+            if forced:
+                assert r["tp_lifted"] == 0 and not r["tp_not_lifted"], (r["run"], r["tp_not_lifted"])
+            elif reason is None:
                 assert r["tp_lifted"] == r["tp_plans"] and not r["tp_not_lifted"], (r["run"], r["tp_not_lifted"])
             else:
                 assert r["tp_lifted"] == 0 and len(r["tp_not_lifted"]) == 1, (r["run"], r["tp_not_lifted"])
                 assert r["tp_not_lifted"][0].startswith(reason), (r["run"], r["tp_not_lifted"])
             assert not r["tp_run_replicated"], (r["run"], r["tp_run_replicated"])
+            gathered = r["run"].split("@")[0] in STRIDED_VIEWS and not forced
+            assert bool(r["tp_strided_views_gathered"]) == gathered, (r["run"], r["tp_strided_views_gathered"])
     assert sum(r.get("tp_lifted", 0) > 0 for r in results[0]) >= 9, [(r["run"], r.get("tp_lifted")) for r in results[0]]
     for err in errors_of(results, TP_INDUCTOR_REFUSED):
         assert err.startswith("ConfigError: COLAUTO_MESH: tensor parallelism with codegen inductor trains this "

@@ -54,6 +54,7 @@ def activations_on_dtensors(plan: ParallelPlan) -> None:
     compat.allow_implicit_replication()
     _dtensor_rules.keep_local_layout()
     _dtensor_rules.strided_sizes_outside_fake_mode()
+    _dtensor_rules.views_of_strided_shards()
     for name in plan.predicted.get("replicated_ops", ()):
         _dtensor_rules.run_replicated(_dtensor_rules.op_named(name))
         REPLICATED_OPS[name] += 1

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import colauto_backend  # noqa: E402
 from colauto_backend import output_grads  # noqa: E402
 from colauto_backend.backend import ANALYSES  # noqa: E402
-from colauto_backend.parallel import data, overlap, tp_graph  # noqa: E402
+from colauto_backend.parallel import _dtensor_rules, data, overlap, tp_graph  # noqa: E402
 from colauto_backend.parallel.entry import PLANS  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 
@@ -84,6 +84,7 @@ def run(spec: str, args) -> dict:
     eager_averaged = sum(data.EAGER_AVERAGED.values())
     lifted, not_lifted = sum(tp_graph.LIFTED.values()), dict(tp_graph.NOT_LIFTED)
     run_replicated = dict(tp_graph.RUN_REPLICATED)
+    strided = dict(_dtensor_rules.STRIDED_VIEWS_GATHERED)
     model, batch = hf_zoo.build_hf(name, "tiny")
     ref = copy.deepcopy(model)
     seq = 32 if hf_zoo.SPECS[name].kind == "image" else args.seq     # the tiny configs' image side
@@ -155,6 +156,9 @@ def run(spec: str, args) -> dict:
            "tp_lifted": sum(tp_graph.LIFTED.values()) - lifted,
            "tp_not_lifted": [k for k, v in tp_graph.NOT_LIFTED.items() if v > not_lifted.get(k, 0)],
            "tp_run_replicated": [k for k, v in tp_graph.RUN_REPLICATED.items() if v > run_replicated.get(k, 0)],
+           # views DTensor's rule failed on (a strided shard), run on their gathered input
+           "tp_strided_views_gathered": [k for k, v in _dtensor_rules.STRIDED_VIEWS_GATHERED.items()
+                                         if v > strided.get(k, 0)],
            } | memory_terms(model)
     if norms:
         out["grad_norms"], out["ref_grad_norms"] = norms, ref_norms
