@@ -106,7 +106,7 @@ def _zoo_names(models, hf_zoo) -> str:
         names += [f"{n}:{'|'.join(models.SIZES[n.removeprefix('hf_')])}" for n in models.MODEL_NAMES
                   if not n.startswith("hf_")]
     if hf_zoo is not None:
-        names.append(f"hf:{'|'.join(hf_zoo.NAMES)}[:bench]")
+        names.append(f"hf:{'|'.join(hf_zoo.SPECS)}[:bench]")
     return ", ".join(names) if names else "none (examples/ is not beside this package)"
 
 
@@ -243,7 +243,7 @@ def _hf_inputs(config, kind: str, batch: int, seq: int, dtype: torch.dtype) -> d
 def _from_hf_zoo(hf_zoo, name: str, size: str, batch: int, seq: int, dtype: str, spec: str) -> Built:
     if name not in hf_zoo.SPECS:
         raise ModelError(f"--model {spec}: unknown examples/hf_zoo.py model {name!r}: use hf:NAME with NAME one of "
-                         f"{', '.join(hf_zoo.NAMES)}")
+                         f"{', '.join(hf_zoo.SPECS)}")
     sizes = hf_zoo.sizes_of(name)
     if size not in sizes:
         raise ModelError(f"--model {spec}: hf_zoo model {name!r} has no size {size!r}: use {' or '.join(sizes)}")

@@ -110,7 +110,38 @@ SPECS: dict[str, HFSpec] = {
                      dict(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                           layer_type="basic", num_labels=10, problem_type="single_label_classification")),
 }
+# The CI matrix's architectures (tests/test_hf_models.py, tests/test_parallel_data.py)
 NAMES = tuple(SPECS)
+# More families, built the same way but outside CI (each would add minutes to it), for the wider sweeps
+# (`python -m bench.parallel_matrix --models mixtral ...`): other MoE routers, alibi (BLOOM), multi-query
+# attention (GPT-BigCode), partial rotary (StableLM, GPT-J), soft-capping and alternating sliding windows
+# (Gemma 2), QK-norm after the projections (OLMo 2), layers sharing one set of weights (ALBERT), factorized
+# embeddings (ELECTRA) and a distillation token (DeiT).
+MORE: dict[str, HFSpec] = {
+    "mixtral": HFSpec("MixtralConfig", "MixtralForCausalLM", "causal",
+                      dict(_ROPE, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe": HFSpec("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "causal",
+                        dict(_ROPE, head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                             decoder_sparse_step=1)),
+    "gemma2": HFSpec("Gemma2Config", "Gemma2ForCausalLM", "causal",
+                     dict(_ROPE, head_dim=16, query_pre_attn_scalar=16, sliding_window=8)),
+    "olmo2": HFSpec("Olmo2Config", "Olmo2ForCausalLM", "causal", _ROPE),
+    "starcoder2": HFSpec("Starcoder2Config", "Starcoder2ForCausalLM", "causal", dict(_ROPE, sliding_window=None)),
+    "stablelm": HFSpec("StableLmConfig", "StableLmForCausalLM", "causal", _ROPE),
+    "bloom": HFSpec("BloomConfig", "BloomForCausalLM", "causal", dict(n_layer=2, n_head=4, hidden_size=64, vocab_size=256)),
+    "gptj": HFSpec("GPTJConfig", "GPTJForCausalLM", "causal",
+                   dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, rotary_dim=8, n_positions=256)),
+    "gpt_bigcode": HFSpec("GPTBigCodeConfig", "GPTBigCodeForCausalLM", "causal",
+                          dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=256, multi_query=True)),
+    "albert": HFSpec("AlbertConfig", "AlbertForMaskedLM", "masked",
+                     dict(num_hidden_layers=2, embedding_size=32, hidden_size=64, num_attention_heads=4,
+                          intermediate_size=128, vocab_size=256)),
+    "electra": HFSpec("ElectraConfig", "ElectraForMaskedLM", "masked", dict(_L, embedding_size=32)),
+    "deit": HFSpec("DeiTConfig", "DeiTForImageClassification", "image",
+                   dict(image_size=32, patch_size=8, num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
+                        intermediate_size=128, num_labels=10, problem_type="single_label_classification")),
+}
+SPECS.update(MORE)     # every family builds by name; NAMES stays the CI matrix
 CAUSAL_BENCH = tuple(n for n, s in SPECS.items() if s.bench is not None)
 
 # tiny (test) configs have no dropout: compiled and eager runs must draw no random numbers to compare
@@ -132,7 +163,7 @@ def config_of(name: str, size: str = "tiny"):
     from colauto_backend.cli_models import fit_token_ids
 
     if name not in SPECS:
-        raise ValueError(f"unknown HF model {name!r}: use one of {', '.join(NAMES)}")
+        raise ValueError(f"unknown HF model {name!r}: use one of {', '.join(SPECS)}")
     spec = SPECS[name]
     shape = {"tiny": spec.tiny, "bench": spec.bench, **spec.sizes}.get(size)
     if shape is None:

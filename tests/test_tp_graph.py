@@ -117,3 +117,32 @@ def test_multi_dim_squeezes_become_single_dim_ones():
     assert [n.args[1] for n in gm.graph.nodes if n.target is aten.squeeze.dim] == [4, 2, 0]
     torch.testing.assert_close(gm(x), want, rtol=0, atol=0)
     assert gm(x).shape == (3, 4)
+
+
+class _RoundThrough(torch.autograd.Function):
+    """Rounding whose backward passes the gradient straight through (not the derivative of its forward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def test_a_custom_autograd_function_is_not_lifted():
+    """A custom autograd.Function in the captured graph (Dynamo's autograd_function_apply; HF BLOOM's GeLU):
+    lifting it by make_fx would keep only its forward's ops and differentiate those, dropping its own
+    backward (here the straight-through gradient, which is not rounding's derivative, zero). So it is not
+    lifted, and the reason is named: the plan runs on the DTensor path, which keeps the Function."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+
+    def forward(x):
+        return model[1](_RoundThrough.apply(model[0](x))).pow(2).mean()
+    gm, ex, names = capture(forward, torch.randn(2, 16))
+    assert any(n.target is torch.ops.higher_order.autograd_function_apply for n in gm.graph.nodes)
+    stacked = [i not in names for i in range(len(ex))]
+    with pytest.raises(tp_graph.NotLifted, match="vmap cannot lift it: .*vmap"):
+        tp_graph.lift(gm, ex, stacked, 2)

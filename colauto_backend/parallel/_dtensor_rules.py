@@ -555,34 +555,41 @@ def strided_sizes_outside_fake_mode() -> None:
     cls.local_shard_size_and_offset = wrapper
 
 
-# views whose DTensor rule failed on a strided shard and ran on the gathered input (view op)
-STRIDED_VIEWS_GATHERED = counters.counter("views of strided shards DTensor has no rule for, run gathered (op)")
+# views whose DTensor rule failed on a sharded dim and ran on the gathered input (view op)
+STRIDED_VIEWS_GATHERED = counters.counter("views of sharded dims DTensor has no rule for, run gathered (op)")
 
 
 def views_of_strided_shards() -> None:
-    """From now on, a view DTensor's rule fails on (its view-family rules, `reshape_strategy`) is run on its
-    input gathered along the mesh dims that hold a `_StridedShard`, and counted. Torch 2.13's rule raises
-    KeyError when a view merges a strided-shard dim into the dim before it (`_rewrite_strided_shard`): in a
-    lifted tp graph the ranks' stack merged with T5's [batch x heads] attention scores, in the backward of
-    their matmul, where no colauto code sees the op ("Sharding propagation failed for aten.view.default(
-    Spec(f32[2, 8, 16, 16](_S(1, 2))), [16, 16, 16])"). Other failures are left as they are."""
+    """From now on, a view DTensor's rule fails on (its view-family rules, `reshape_strategy`) runs on its
+    input gathered along the mesh dims that block it, and is counted: a `_StridedShard` always, and a plain
+    `Shard` for `_unsafe_view` (whose output, by its contract, aliases nothing anyone mutates through: matmul's
+    reshapes). Both are a sharded dim merged into the dim before it:
+    - torch 2.13's rule raises KeyError on a strided shard (`_rewrite_strided_shard`): in a lifted tp graph the
+      ranks' stack merged with T5's [batch x heads] attention scores, in the backward of their matmul, where no
+      colauto code sees the op ("Sharding propagation failed for aten.view.default(Spec(f32[2, 8, 16, 16](_S(1,
+      2))), [16, 16, 16])");
+    - torch 2.11's rule refuses to flatten a sharded dim that is not the first ("Attempted to flatten multiple
+      dimensions, with dimension 1 being sharded"): T5's and BLOOM's attention under DTensor modules.
+    A `view` of a plain shard keeps DTensor's refusal: its output may be mutated in place, which must reach the
+    input. Other failures are left as they are."""
     from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
     from torch.distributed.tensor._ops.utils import generate_redistribute_costs
-    from torch.distributed.tensor.placement_types import _StridedShard
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
     d = _dtensor()
     for op, fn in list(d.prop.op_strategy_funcs.items()):
         if getattr(fn, "__name__", "") != "reshape_strategy" or getattr(fn, "_colauto_strided", False):
             continue
+        gathers = (_StridedShard, Shard) if op is torch.ops.aten._unsafe_view.default else (_StridedShard,)
 
-        def strategy(op_schema, _rule=fn, _op=op):
+        def strategy(op_schema, _rule=fn, _op=op, _gathers=gathers):
             try:
                 return _rule(op_schema)
-            except Exception:   # noqa: BLE001 - retried below where a strided shard is to blame, else raised
+            except Exception:   # noqa: BLE001 - retried below where a sharded dim is to blame, else raised
                 given = op_schema.args_schema[0] if op_schema.args_schema else None
                 if not isinstance(given, OpStrategy) or len(given.strategies) != 1:
                     raise
                 spec = given.strategies[0].output_spec
-                placements = tuple(d.Replicate() if isinstance(p, _StridedShard) else p for p in spec.placements)
+                placements = tuple(d.Replicate() if isinstance(p, _gathers) else p for p in spec.placements)
                 if placements == tuple(spec.placements):
                     raise
                 whole = OpStrategy([OpSpec(d.Spec(spec.mesh, placements, tensor_meta=spec.tensor_meta))])
