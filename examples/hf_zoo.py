@@ -125,14 +125,22 @@ MORE: dict[str, HFSpec] = {
                              decoder_sparse_step=1)),
     "gemma2": HFSpec("Gemma2Config", "Gemma2ForCausalLM", "causal",
                      dict(_ROPE, head_dim=16, query_pre_attn_scalar=16, sliding_window=8)),
-    "olmo2": HFSpec("Olmo2Config", "Olmo2ForCausalLM", "causal", _ROPE),
+    "olmo2": HFSpec("Olmo2Config", "Olmo2ForCausalLM", "causal", _ROPE,
+                    dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16,
+                         num_key_value_heads=16, vocab_size=100352, max_position_embeddings=4096), 4, "OLMo-2-1B"),
     "starcoder2": HFSpec("Starcoder2Config", "Starcoder2ForCausalLM", "causal", dict(_ROPE, sliding_window=None)),
-    "stablelm": HFSpec("StableLmConfig", "StableLmForCausalLM", "causal", _ROPE),
-    "bloom": HFSpec("BloomConfig", "BloomForCausalLM", "causal", dict(n_layer=2, n_head=4, hidden_size=64, vocab_size=256)),
+    "stablelm": HFSpec("StableLmConfig", "StableLmForCausalLM", "causal", _ROPE,
+                       dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=32,
+                            num_key_value_heads=32, vocab_size=100352, max_position_embeddings=4096,
+                            partial_rotary_factor=0.25), 4, "StableLM-2-1.6B"),
+    "bloom": HFSpec("BloomConfig", "BloomForCausalLM", "causal", dict(n_layer=2, n_head=4, hidden_size=64, vocab_size=256),
+                    dict(n_layer=24, n_head=16, hidden_size=1024, vocab_size=250880), 8, "BLOOM-560m"),
     "gptj": HFSpec("GPTJConfig", "GPTJForCausalLM", "causal",
                    dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, rotary_dim=8, n_positions=256)),
     "gpt_bigcode": HFSpec("GPTBigCodeConfig", "GPTBigCodeForCausalLM", "causal",
-                          dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=256, multi_query=True)),
+                          dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=256, multi_query=True),
+                          dict(n_layer=24, n_head=16, n_embd=2048, vocab_size=49280, n_positions=2048,
+                               multi_query=True), 4, "SantaCoder-1.1B"),
     "albert": HFSpec("AlbertConfig", "AlbertForMaskedLM", "masked",
                      dict(num_hidden_layers=2, embedding_size=32, hidden_size=64, num_attention_heads=4,
                           intermediate_size=128, vocab_size=256)),
@@ -142,7 +150,7 @@ MORE: dict[str, HFSpec] = {
                         intermediate_size=128, num_labels=10, problem_type="single_label_classification")),
 }
 SPECS.update(MORE)     # every family builds by name; NAMES stays the CI matrix
-CAUSAL_BENCH = tuple(n for n, s in SPECS.items() if s.bench is not None)
+CAUSAL_BENCH = tuple(n for n in NAMES if SPECS[n].bench is not None)    # the HF GPU benchmark's rows
 
 # tiny (test) configs have no dropout: compiled and eager runs must draw no random numbers to compare
 # exactly. The bench shapes keep each config's own dropout defaults, as users have them.
