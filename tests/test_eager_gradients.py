@@ -31,8 +31,13 @@ def test_eager_gradients_are_averaged_where_no_graph_read_the_parameter(group):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)   # one rank: the mean is itself
     averaged = {k: v - before.get(k, 0) for k, v in data.EAGER_AVERAGED.items() if v > before.get(k, 0)}
     assert averaged == {"0.bias": 1, "1.weight": 1, "1.bias": 1}, averaged
-    # the graph's parameter: its gradient compared across the ranks (one here) once, at the backward's end
+    # the graph's parameter: its gradient compared across the ranks (one here) at the backward's end, again in
+    # each later backward until SAME_CHECKS have found it equal, then no more
     assert sum(data.SAME_CHECKED.values()) - checked == 1
+    for _ in range(data.SAME_CHECKS + 1):
+        compiled(graph_weight)
+        module(x).square().sum().backward()
+    assert sum(data.SAME_CHECKED.values()) - checked == data.SAME_CHECKS
 
 
 def test_an_eager_gradient_of_a_cut_parameter_fails_the_backward_in_one_line(group):
