@@ -3,7 +3,9 @@ every rank, each rank feeding its own micro-batch, against eager single-process 
 batch (computed on every rank). Each run is NAME@MESH (MESH as COLAUTO_MESH, "auto" for the planner's
 choice); options after it: +late (the optimizer is created after the first call), +inductor (codegen
 inductor; else aten), +renamed (compiled inside a module whose forward calls its first argument `s`), +break
-(a graph break after the first layer of the model's first ModuleList), +eagerembed (the input embedding run eagerly), +split (compiled inside a module that runs the model's body,
+(a graph break after the first layer of the model's first ModuleList), +eagerembed (the input embedding run eagerly), +skiptop
+(compiled inside a module whose forward frame Dynamo skips: the model's body is compiled alone, the output
+embedding's weight read eagerly), +split (compiled inside a module that runs the model's body,
 breaks the graph, then runs its output embedding and the loss: GPT-2's head is its input embedding, so
 one weight is read on both sides of the break), +ckpt
 (a torch.distributed.checkpoint round trip after training), +clip (each step's gradients clipped to a norm
@@ -99,6 +101,7 @@ def run(spec: str, args) -> dict:
         first = next(stack[0] for stack in model.modules() if isinstance(stack, torch.nn.ModuleList) and len(stack))
         first.register_forward_hook(lambda m, args, out: torch._dynamo.graph_break())
     wrapped = (Renamed(model) if "renamed" in flags else Split(model) if "split" in flags
+               else SkipTop(model) if "skiptop" in flags
                else EagerEmbedding(model) if "eagerembed" in flags else model)
     compiled = torch.compile(wrapped, backend="colauto", options=options)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
@@ -120,6 +123,10 @@ def run(spec: str, args) -> dict:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if "skiptop" in flags:   # computed eagerly, outside the graphs that average the loss: the rank's own
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            loss /= world
         losses.append(loss.item())
         r = reference_loss(ref, full, world)
         r.backward()
@@ -251,6 +258,23 @@ class Split(torch.nn.Module):
         hidden = self.inner.base_model(input_ids=input_ids).last_hidden_state
         torch._dynamo.graph_break()
         logits = self.inner.get_output_embeddings()(hidden).float()
+        return (torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten()),)
+
+
+class SkipTop(torch.nn.Module):
+    """What transformers 5.17 makes of HF Qwen2-MoE: Dynamo skips the compiled module's own forward frame and
+    compiles the frames it calls, so each graph belongs to a submodule (here the model's body), while the
+    skipped frame reads a parameter eagerly (here the output embedding's weight, by F.linear: no module call
+    whose frame Dynamo would compile). The loss is `inner(**batch).loss`'s."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    @torch._dynamo.disable(recursive=False)
+    def forward(self, input_ids, labels):
+        hidden = self.inner.base_model(input_ids=input_ids).last_hidden_state
+        logits = torch.nn.functional.linear(hidden, self.inner.get_output_embeddings().weight).float()
         return (torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten()),)
 
 
