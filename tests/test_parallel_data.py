@@ -321,11 +321,21 @@ def test_tensor_parallel_trains_hf_models_like_one(tmp_path):
         assert "COLAUTO_CODEGEN=aten" in err and "\n" not in err, err
 
 
+# tp=4 on HF Llama's 2 key/value heads: one line naming the weight and the fix, raised through torch.compile
+# as itself (it was a ValueError, which Dynamo wrapped in BackendCompilerFailed)
+TP_INDIVISIBLE = "llama@tp=4"
+
+
 def test_four_processes_train_hf_models_like_one(tmp_path):
-    """RUNS_4 trains like one process; dp=2 on the 4 ranks (MESH_DOES_NOT_FIT) is one line, not a hang."""
-    runs = [*RUNS_4, MESH_DOES_NOT_FIT]
+    """RUNS_4 trains like one process; dp=2 on the 4 ranks (MESH_DOES_NOT_FIT) and tp=4 on 2 key/value heads
+    (TP_INDIVISIBLE) are one line each, not a hang."""
+    runs = [*RUNS_4, MESH_DOES_NOT_FIT, TP_INDIVISIBLE]
     results = launch(tmp_path, 4, runs)
-    check(results, runs, expected_errors=(MESH_DOES_NOT_FIT,))
+    check(results, runs, expected_errors=(MESH_DOES_NOT_FIT, TP_INDIVISIBLE))
+    for err in errors_of(results, TP_INDIVISIBLE):
+        assert err.startswith("ConfigError: colauto: tp=4 cannot split model.layers.0.self_attn.k_proj.weight "
+                              "(2 heads): set COLAUTO_MESH"), err
+        assert "\n" not in err, err
     # the 2-axis tp plan ran on the captured graph (parallel/tp_graph.py)
     assert all(r["tp_lifted"] == 1 for res in results for r in res if r["run"] == "llama@dp=2,tp=2"), results
     for err in errors_of(results, MESH_DOES_NOT_FIT):

@@ -37,6 +37,7 @@ import torch
 
 from .. import graph, planner
 from ..analysis import Analysis, layer_of
+from ..config import ConfigError
 from ..report import fmt_bytes, natural_key
 from . import layers
 from .comm import Link
@@ -356,8 +357,10 @@ def choose(candidates: list[Axes], params: dict[str, torch.Tensor], tp_layout: C
     usable = [axes for axes in candidates if not layouts[dict(axes).get("tp", 1)].indivisible]
     if not usable:
         size = dict(candidates[0]).get("tp", 1)
-        raise ValueError(f"colauto: tp={size} cannot split {layouts[size].indivisible[0]}: set COLAUTO_MESH "
-                         "to a tp size that divides every head count, or another role for that axis")
+        # ConfigError: one line to the caller of torch.compile too (Dynamo wrapped a ValueError in
+        # BackendCompilerFailed: HF Llama, Qwen2, Mistral, Gemma under COLAUTO_MESH=tp=4 with 2 key/value heads)
+        raise ConfigError(f"colauto: tp={size} cannot split {layouts[size].indivisible[0]}: set COLAUTO_MESH "
+                          "to a tp size that divides every head count, or another role for that axis")
     candidates = usable
     layout = lambda axes: layouts[dict(axes).get("tp", 1)]  # noqa: E731
     uniform = [plan_for(axes, params, layout(axes)) for axes in candidates]
