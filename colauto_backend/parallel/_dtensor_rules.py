@@ -572,35 +572,42 @@ def views_of_strided_shards() -> None:
       dimensions, with dimension 1 being sharded"): T5's and BLOOM's attention under DTensor modules.
     A `view` of a plain shard keeps DTensor's refusal: its output may be mutated in place, which must reach the
     input. Other failures are left as they are."""
-    from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
-    from torch.distributed.tensor._ops.utils import generate_redistribute_costs
     from torch.distributed.tensor.placement_types import Shard, _StridedShard
     d = _dtensor()
     for op, fn in list(d.prop.op_strategy_funcs.items()):
         if getattr(fn, "__name__", "") != "reshape_strategy" or getattr(fn, "_colauto_strided", False):
             continue
         gathers = (_StridedShard, Shard) if op is torch.ops.aten._unsafe_view.default else (_StridedShard,)
+        d.prop.op_strategy_funcs[op] = _gathering(op, fn, gathers)
 
-        def strategy(op_schema, _rule=fn, _op=op, _gathers=gathers):
-            try:
-                return _rule(op_schema)
-            except Exception:   # noqa: BLE001 - retried below where a sharded dim is to blame, else raised
-                given = op_schema.args_schema[0] if op_schema.args_schema else None
-                if not isinstance(given, OpStrategy) or len(given.strategies) != 1:
-                    raise
-                spec = given.strategies[0].output_spec
-                placements = tuple(d.Replicate() if isinstance(p, _gathers) else p for p in spec.placements)
-                if placements == tuple(spec.placements):
-                    raise
-                whole = OpStrategy([OpSpec(d.Spec(spec.mesh, placements, tensor_meta=spec.tensor_meta))])
-                out = _rule(dataclasses.replace(op_schema, args_schema=(whole, *op_schema.args_schema[1:])))
-                for s in out.strategies:       # costs from the input as it is, which DTensor redistributes
-                    s.redistribute_cost = [generate_redistribute_costs(given, s.input_specs[0])]
-                STRIDED_VIEWS_GATHERED[str(_op)] += 1
-                return out
-        strategy._colauto_strided = True
-        strategy.__name__ = "reshape_strategy"
-        d.prop.op_strategy_funcs[op] = strategy
+
+def _gathering(op: torch._ops.OpOverload, rule, gathers: tuple):
+    """`rule` (a view's strategy), retried on its input with the `gathers` placements made Replicate where it
+    raises on them (`views_of_strided_shards`)."""
+    from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
+    from torch.distributed.tensor._ops.utils import generate_redistribute_costs
+    d = _dtensor()
+
+    def strategy(op_schema):
+        try:
+            return rule(op_schema)
+        except Exception:   # noqa: BLE001 - retried below where a sharded dim is to blame, else raised
+            given = op_schema.args_schema[0] if op_schema.args_schema else None
+            if not isinstance(given, OpStrategy) or len(given.strategies) != 1:
+                raise
+            spec = given.strategies[0].output_spec
+            placements = tuple(d.Replicate() if isinstance(p, gathers) else p for p in spec.placements)
+            if placements == tuple(spec.placements):
+                raise
+            whole = OpStrategy([OpSpec(d.Spec(spec.mesh, placements, tensor_meta=spec.tensor_meta))])
+            out = rule(dataclasses.replace(op_schema, args_schema=(whole, *op_schema.args_schema[1:])))
+            for s in out.strategies:       # costs from the input as it is, which DTensor redistributes
+                s.redistribute_cost = [generate_redistribute_costs(given, s.input_specs[0])]
+            STRIDED_VIEWS_GATHERED[str(op)] += 1
+            return out
+    strategy._colauto_strided = True
+    strategy.__name__ = "reshape_strategy"
+    return strategy
 
 
 def keep_local_layout() -> None:
