@@ -2,8 +2,9 @@
 
     python -m bench.peak_snapshot --model gpt2:124m:16:1024 --budget 4.7GiB --out DIR
     python -m bench.peak_snapshot --model hf/gpt2:bench:8:1024 --budget none --out DIR
+    python -m bench.peak_snapshot --model hf/llama:bench:4:1024 --budget 17.1GiB --codegen triton --out DIR
 
-Runs the step under colauto (Inductor codegen, the given COLAUTO_MEMORY_BUDGET; "inductor" for
+Runs the step under colauto (codegen inductor, or the given --codegen, at the given COLAUTO_MEMORY_BUDGET; "inductor" for
 torch.compile's default backend; "none" for colauto without a budget), records the allocator history of one steady-state step, replays it
 to find the peak and writes the live allocations there (size, allocating source line) to peak.txt,
 with the generated Inductor modules those lines come from. With --held, the allocator records from before
@@ -36,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", type=parse_models, default=parse_models("gpt2:124m:16:1024"))
     ap.add_argument("--budget", default="inductor")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--codegen", default="inductor", choices=("inductor", "triton"),
+                    help="colauto's codegen (triton: Inductor compiles the rest on CUDA)")
     ap.add_argument("--held", action="store_true", help="record from before the compile; write held.txt")
     args = ap.parse_args(argv)
     if args.held:
@@ -45,7 +48,7 @@ def main(argv=None) -> int:
     model, make_inputs, loss_of = build_model(spec, "cuda")   # the zoo's models or hf/<name>
     x, *rest = make_inputs(spec["batch"], spec["seq"])
     targets = rest[0] if rest else None
-    options = {"codegen": "inductor", "memory_budget": args.budget}
+    options = {"codegen": args.codegen, "memory_budget": args.budget}
     fn = torch.compile(model) if args.budget == "inductor" else \
         torch.compile(model, backend=make_backend(config.load(options)))
     opt = make_optimizer(model, "cuda")
