@@ -2,7 +2,9 @@
 # 2026-12-06 session 35 (one GPU): why the memory model is 12.7% low on HF Llama 1.1B under codegen triton
 # (bench/results/h200-2026-12-06-compiled-peak-triton/): what is live at the measured peak, at the memory
 # model's predicted peak (predicted.txt) and at the compiled code's (compiled.txt), for each
-# model=budget:codegen of RUNS, each a fresh process with empty caches. One tar: $OUT/r41.tgz.
+# model=budget:codegen of RUNS, each a fresh process with empty caches. DEBUG=1: also Inductor's debug
+# folders (TORCH_COMPILE_DEBUG: each graph as handed to Inductor, after its passes, and its code).
+# One tar: $OUT/r41.tgz.
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 COLAUTO_PLAN_CACHE=0 COLAUTO_REPORT=1
 R=/tmp/r41; rm -rf $R; mkdir -p $R; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -13,7 +15,8 @@ for run in ${RUNS:-hf/llama:bench:4:1024=17.1GiB:triton hf/llama:bench:4:1024=17
   spec=${run%=*}; rest=${run#*=}; budget=${rest%:*}; codegen=${rest#*:}
   name=$(echo $spec | cut -d/ -f2 | cut -d: -f1)-$budget-$codegen; d=$R/$name; mkdir -p $d
   [ $(left) -lt 60 ] && { echo "== $name: no time left"; continue; }
-  env TORCHINDUCTOR_CACHE_DIR=/tmp/c41/$name/inductor COLAUTO_CACHE_DIR=/tmp/c41/$name/colauto \
+  debug=""; [ "${DEBUG:-0}" = 1 ] && debug="TORCH_COMPILE_DEBUG=1 TORCH_COMPILE_DEBUG_DIR=$d/debug"
+  env $debug TORCHINDUCTOR_CACHE_DIR=/tmp/c41/$name/torchinductor COLAUTO_CACHE_DIR=/tmp/c41/$name/colauto \
       TRITON_CACHE_DIR=/tmp/c41/$name/triton \
       timeout -k 5 $(left) python -m bench.peak_snapshot --model $spec --budget $budget --codegen $codegen --out $d > $d/log.txt 2>&1
   echo "== $name: rc $?"
