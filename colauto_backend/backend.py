@@ -302,7 +302,8 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
             inductor = inductor_rest
             # a lone op is worth a kernel only where a replayed graph makes its call free of CPU time (and
             # where Inductor compiles the rest, it fuses the lone ops itself)
-            done = fusion.fuse(gm, lone_ops=not inductor and recorder is not None and reason is None)
+            done = fusion.fuse(gm, lone_ops=not inductor and recorder is not None and reason is None,
+                               recomputed=remat.recomputed if remat is not None else frozenset())
             if inductor:   # Inductor launches the kernels from its wrapper where it can (fusion.traceable)
                 gm, done.wrapped = compat.decomposed_for_inductor(gm, inline=fusion.traceable)
                 REST_BY_INDUCTOR[kind] += 1

@@ -52,6 +52,7 @@ class Fusion:
     unavailable: str | None = None    # why nothing was fused (Triton cannot run here)
     rotations: int = 0                # RoPE half-rotation cats rewritten as pointwise ops (rotate_halves)
     wrapped: int = 0                  # calls Inductor launches from its own wrapper (`traceable`)
+    recomputed_left: int = 0          # a plan's recomputed ops left out of the regions (`fuse`'s `recomputed`)
 
     def add(self, region: list[fx.Node], name: str, saved: int) -> None:
         self.regions += 1
@@ -60,10 +61,16 @@ class Fusion:
         self.kernels.append(name)
 
 
-def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
+def fuse(gm: fx.GraphModule, lone_ops: bool = False, recomputed: frozenset[str] = frozenset()) -> Fusion:
     """Replace `gm`'s fusible regions in place (each node needs its example value in meta["val"]).
     `lone_ops`: also run each op that joined no region as its own kernel (under CUDA graphs, where a
-    call costs no CPU time: aten casts a transposed bf16 weight gradient to fp32 at ~65% of copy)."""
+    call costs no CPU time: aten casts a transposed bf16 weight gradient to fp32 at ~65% of copy).
+    `recomputed`: the names of the ops a backward recomputes under a plan. They join no region: they
+    run as the memory model has them, each just before its reader (Inductor, or aten in the order the
+    partitioner placed them). A region placed where its first reader is would compute them all there:
+    HF Llama's recomputed residual stream, a chain of adds over every layer, became one kernel at the
+    start of the backward whose 178 outputs were held until each layer's backward read them, 2.5 GiB
+    over the modelled peak on an H100 (bench/results/h100-2026-12-06-triton-recompute/)."""
     ok = triton_kernels.available()
     if not ok:
         report.warn_once(f"COLAUTO_CODEGEN=triton: {ok.reason}; the graphs run as aten ops")
@@ -74,13 +81,15 @@ def fuse(gm: fx.GraphModule, lone_ops: bool = False) -> Fusion:
     prep.unroll_small_sums(gm.graph)
     prep.merge_duplicate_casts(gm.graph)
     prep.copy_shared_casts(gm.graph)
-    out = Fusion(rotations=rotations)
-    for region in _regions(gm.graph):
+    out = Fusion(rotations=rotations,
+                 recomputed_left=sum(n.op == "call_function" and n.name in recomputed and prep.lowerable(n)
+                                     for n in gm.graph.nodes))
+    for region in _regions(gm.graph, recomputed):
         if _worth_a_kernel(region):
             out.add(region, *_replace(gm, region))
     prep.merge_duplicate_casts(gm.graph)     # the copies of a shared cast that no kernel took become one again
     if lone_ops:
-        for node in [n for n in gm.graph.nodes if prep.lowerable(n) and prep.computes(n)]:
+        for node in [n for n in gm.graph.nodes if prep.lowerable(n) and prep.computes(n) and n.name not in recomputed]:
             if isinstance(node.meta["val"], torch.Tensor) and _plans([node]):
                 out.add([node], *_replace(gm, [node]))
     gm.graph.lint()
@@ -101,12 +110,13 @@ def _worth_a_kernel(region: list[fx.Node]) -> bool:
     return lone_but_slow_in_aten and _plans(region)     # a region of one node was never checked
 
 
-def _regions(graph: fx.Graph) -> list[list[fx.Node]]:
-    """The graph's lowerable nodes grouped greedily in graph order, each region in graph order."""
+def _regions(graph: fx.Graph, left_out: frozenset[str] = frozenset()) -> list[list[fx.Node]]:
+    """The graph's lowerable nodes, but those named in `left_out`, grouped greedily in graph order,
+    each region in graph order."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     region_of: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.nodes:
-        if node in region_of or not prep.lowerable(node):
+        if node in region_of or not prep.lowerable(node) or node.name in left_out:
             continue
         # a tuple-valued op (LayerNorm: out, mean, rstd) moves with the getitems that unpack it
         group = [node] + sorted((u for u in node.users if u.target is operator.getitem), key=order.get)

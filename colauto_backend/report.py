@@ -389,6 +389,8 @@ def render_fusion(data: dict) -> str:
             f"{len(set(data['kernels']))} kernels, predicted {fmt_bytes(data['bytes_saved'])} of intermediates "
             "not written to memory" + (f"; {data['rotations']} RoPE half-rotation cats made pointwise"
                                        if data.get("rotations") else "")
+            + (f"; the plan's {data['recomputed_left']} recomputed ops left out, each run where its reader is"
+               if data.get("recomputed_left") else "")
             + ("; the rest runs as aten ops" if data.get("rest") != "inductor" else
                f"; the rest compiled by Inductor, whose wrapper launches "
                f"{data.get('wrapped', 0)} of the {data['regions']} calls"))
