@@ -109,6 +109,19 @@ def compile_cache_keyed(uuid: str):
         yield
 
 
+@contextlib.contextmanager
+def backward_compiled_now():
+    """Within: AOTAutograd compiles a training graph's backward together with its forward, inside the
+    backend call, not at the first backward (`torch._functorch.config.force_non_lazy_backward_lowering`).
+    Yields whether it does (False where this torch lacks the setting)."""
+    import torch._functorch.config as functorch_config
+    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        yield False
+        return
+    with functorch_config.patch(force_non_lazy_backward_lowering=True):
+        yield True
+
+
 def compile_cache_hits() -> int:
     """How many graphs AOTAutograd's cache has returned in this process."""
     return int(torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_hit"])

@@ -13,6 +13,10 @@ With Inductor's code generation the whole compiled step is cached too, by torch'
 colauto's own source and the settings the plan depends on. A second launch of the same graph then
 skips the joint-graph trace, the partition and the plan, as a warm plain torch.compile does.
 COLAUTO_PLAN_CACHE=0 turns this off as well.
+Where Inductor generates a training step's code under a budget the user set, the peak of the compiled
+code is checked against the budget at compile time (backend.py, `_held_to_budget`); a step found over it
+is planned again with the overshoot taken off the budget, and that margin is kept here too (plans/margins,
+keyed by the captured graph and the settings), so that later launches plan under it at once.
 Files are written whole (a temporary file renamed over the target), so ranks of one job that write
 the same plan at once leave one valid file.
 """
@@ -67,6 +71,32 @@ def compile_key(settings: tuple) -> str:
     """A hash of colauto's source (any change to the planner invalidates what was compiled under it)
     and `settings` (repr'd)."""
     return hashlib.sha256(repr((FORMAT, source_digest(), settings)).encode()).hexdigest()[:32]
+
+
+def margin_key(gm: fx.GraphModule, example_inputs: list, settings: tuple) -> str:
+    """A hash of a captured (Dynamo) graph's code, its inputs' shapes and dtypes, colauto's source and
+    `settings` (repr'd): the key of the budget margin kept for it (`load_margin`)."""
+    inputs = [(tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else repr(t) for t in example_inputs]
+    text = repr((FORMAT, torch.__version__, source_digest(), gm.code, inputs, settings))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def load_margin(digest: str) -> int:
+    """The bytes an earlier launch found its compiled step over the budget by (0: none kept)."""
+    kept = load(f"margins/{digest}")
+    return int(kept["bytes"]) if kept and isinstance(kept.get("bytes"), int) else 0
+
+
+def store_margin(digest: str, nbytes: int) -> str | None:
+    """Keep the margin; None, or why it could not be kept."""
+    where = directory()
+    if where is None:
+        return "COLAUTO_PLAN_CACHE=0"
+    try:
+        (where / "margins").mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"{type(error).__name__}: {error}"
+    return store(f"margins/{digest}", {"bytes": int(nbytes)})
 
 
 def load(digest: str) -> dict[str, Any] | None:

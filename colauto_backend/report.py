@@ -483,6 +483,21 @@ def render_compiled_peak(data: dict) -> str:
             + (" - OVER THE BUDGET: set COLAUTO_MEMORY_BUDGET lower by the difference" if over else ""))
 
 
+def render_replanned(data: dict) -> str:
+    return (f"colauto: the compiled code's peak {fmt_bytes(data['compiled_bytes'])} is over the budget "
+            f"{fmt_bytes(data['budget_bytes'])} by {fmt_bytes(data['over_bytes'])}: planned and compiled again under "
+            f"{fmt_bytes(data['planned_under_bytes'])}"
+            + ("; later launches plan under it at once" if data.get("kept") else ""))
+
+
+def emit_replanned(data: dict, setting: str | None) -> None:
+    """A step whose compiled code's peak was over the budget, planned again (backend._held_to_budget):
+    warned once whatever the setting (its compile took twice), and with COLAUTO_REPORT a line (JSON:
+    appended lines)."""
+    warn_once(render_replanned(data))
+    _emit_beside(setting, lambda: render_replanned(data), ".replanned.jsonl", "a", lambda: json.dumps(data) + "\n")
+
+
 def emit_compiled_peak(analysis: "Analysis", compiled: tuple[int, str], setting: str | None,
                        dropped: tuple[int, str] | None = None) -> None:
     """Once Inductor compiled every graph of a training step: the step's peak with those graphs run as
