@@ -308,3 +308,23 @@ def test_budget_forms(raw, parsed):
 def test_bad_budget(raw):
     with pytest.raises(ConfigError, match="COLAUTO_MEMORY_BUDGET"):
         load(environ={"COLAUTO_MEMORY_BUDGET": raw})
+
+
+def test_a_kept_budget_margin_is_read_back_and_nothing_is_kept_with_the_cache_off(monkeypatch, tmp_path):
+    """`plan_cache.store_margin`/`load_margin` (backend._held_to_budget): a margin written is read back by
+    the same key only; an unreadable file reads as no margin; with COLAUTO_PLAN_CACHE=0 nothing is kept and
+    the reason is returned."""
+    from colauto_backend import plan_cache
+    monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    key = plan_cache.margin_key(gm, [torch.zeros(2, 4)], ("bytes", 1e9))
+    assert key != plan_cache.margin_key(gm, [torch.zeros(3, 4)], ("bytes", 1e9))      # the input's shape
+    assert key != plan_cache.margin_key(gm, [torch.zeros(2, 4)], ("bytes", 2e9))      # the settings
+    assert plan_cache.load_margin(key) == 0
+    assert plan_cache.store_margin(key, 12345) is None
+    assert plan_cache.load_margin(key) == 12345
+    (tmp_path / "plans" / "margins" / f"{key}.json").write_text("{not json")
+    assert plan_cache.load_margin(key) == 0
+    monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
+    assert plan_cache.store_margin(key, 1) == "COLAUTO_PLAN_CACHE=0" and plan_cache.load_margin(key) == 0
