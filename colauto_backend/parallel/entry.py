@@ -313,9 +313,11 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
     the graph's unplanned analysis, if its capture was made (else captured here, `analyze_only`).
 
     With `prefer_data_parallel` (the automatic plan), data parallelism is taken wherever it fits the
-    budget (with rematerialization if need be), and sharded meshes are weighed only where it does not:
-    it runs the captured graph as it is, while sharded plans still re-trace the model under DTensor
-    (colauto_backend/parallel/emit.py), which fails on many models as transformers ships them."""
+    budget (with rematerialization if need be), and sharded meshes are weighed only where it does not.
+    Data parallelism adds only gradient averaging to the captured graph; sharded plans now run on the
+    captured graph too (parallel/fsdp.py, parallel/tp_graph.py: every HF model of the CPU matrix trains
+    like one process under them), but their predicted step times have no GPU measurement on that path
+    yet (issue 15's 4-GPU must-shows), so a faster predicted sharded plan does not displace dp."""
     from ..backend import analyze_only   # local import: the backend imports this module
     if analysis is None:
         progress.say("costing the joint forward+backward graph (AOTAutograd, cost model, rematerialization)")
