@@ -65,8 +65,8 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     graphs of a training step, the backward is compiled with the forward (`compat.backward_compiled_now`),
     so the peak of the code Inductor generated (`Analysis.compiled_peak`, the step as the memory model
     assumes it: outputs held to the optimizer step) is known before the step runs. A step found over
-    the budget is planned and compiled again under the budget less the overshoot (up to ATTEMPTS
-    compiles in all), counted (REPLANNED) and reported. The margin is kept (`plan_cache.store_margin`):
+    the budget is planned and compiled again under the budget less the model's error on it (compiled
+    less modelled peak; up to ATTEMPTS compiles in all), counted (REPLANNED) and reported. The margin is kept (`plan_cache.store_margin`):
     a later launch plans under it at once, its caches (plan, compiled step) keyed by that budget.
     The memory model the plan is chosen by misses what Inductor's scheduling adds: HF Mistral under
     codegen triton ran 77 MiB over a 14.5 GiB budget on an H100, with the compiled figure exact
