@@ -249,6 +249,9 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
     assert sum(backend.REPLANNED.values()) > before
     assert list((tmp_path / "plans" / "margins").glob("*.json"))
     again = sum(backend.REPLANNED.values())
-    _, row = cpu_peak.points("bart", "inductor", [0.8])
-    assert row["measured_bytes"] <= row["budget_bytes"], row
+    from examples.hf_zoo import build_hf
+    torch.manual_seed(0)
+    model, make = build_hf("bart")            # a second launch: a fresh model, the same graph and budget
+    measured, _ = cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": row["budget_bytes"]})
+    assert measured <= row["budget_bytes"], (measured, row)
     assert sum(backend.REPLANNED.values()) == again    # the kept margin: one plan, one compile
