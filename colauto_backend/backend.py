@@ -86,8 +86,13 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     for attempt in range(ATTEMPTS):
         under = config if not margin else dataclasses.replace(config, memory_budget=("bytes", float(budget - margin)))
         planned: list[Analysis] = []
-        with compat.backward_compiled_now():
-            compiled = local_backend(under, on_analysis, planned_out=planned)(gm, example_inputs)
+        try:
+            with compat.backward_compiled_now():
+                compiled = local_backend(under, on_analysis, planned_out=planned)(gm, example_inputs)
+        except planner.BudgetError as error:
+            if not margin:
+                raise
+            raise _unheld(budget, margin, error) from None
         peak = planned[0].compiled_peak() if planned else None   # None: from torch's cache, or not generated
         if peak is None or peak[0] <= budget or attempt == ATTEMPTS - 1:
             return compiled
@@ -105,6 +110,18 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
                                "planned_under_bytes": budget - margin, "kept": kept is None},
                               resolved.report)
     return compiled
+
+
+def _unheld(budget: int, margin: int, error: "planner.BudgetError") -> "planner.BudgetError":
+    """The budget cannot be held: the memory model's plans that fit it compile to code that peaks over
+    it, and no plan fits the room kept for the model's error (`margin`). One line, with the least
+    budget that would work."""
+    fmt_bytes = report.fmt_bytes
+    return planner.BudgetError(
+        f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt_bytes(budget)} cannot be held: the compiled "
+        f"code peaks {fmt_bytes(margin)} above what the memory model plans, and no plan fits "
+        f"{fmt_bytes(budget - margin)} (the smallest is {fmt_bytes(error.smallest_bytes)}); set it to at least "
+        f"{fmt_bytes(error.smallest_bytes + margin)}, or shrink the batch", error.smallest_bytes + margin)
 
 
 class _Stop(Exception):

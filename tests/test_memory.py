@@ -255,3 +255,23 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
     measured, _ = cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": row["budget_bytes"]})
     assert measured <= row["budget_bytes"], (measured, row)
     assert sum(backend.REPLANNED.values()) == again    # the kept margin: one plan, one compile
+
+
+def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would():
+    """HF BART on CPU under codegen inductor at 19.8 MiB, just above the smallest peak the memory model finds
+    (19.50 MiB plus headroom): that plan compiles to code peaking about 2 MiB higher, and no plan fits the
+    room for that error, so the step is not run over the budget: a BudgetError names the user's budget, the
+    model's error and the least budget that would be held (the planner's own least, plus the error)."""
+    from bench import cpu_peak
+    from colauto_backend import BudgetError
+    from colauto_backend.report import fmt_bytes
+    from examples.hf_zoo import build_hf
+    torch.manual_seed(0)
+    model, make = build_hf("bart")
+    budget = int(19.8 * 2**20)
+    with pytest.raises(BudgetError) as info:
+        cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": budget})
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("COLAUTO_MEMORY_BUDGET (or options['memory_budget']): 19.80 MiB cannot be held")
+    assert info.value.smallest_bytes > budget, message
+    assert f"set it to at least {fmt_bytes(info.value.smallest_bytes)}" in message
