@@ -66,8 +66,9 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     so the peak of the code Inductor generated (`Analysis.compiled_peak`, the step as the memory model
     assumes it: outputs held to the optimizer step) is known before the step runs. A step found over
     the budget is planned and compiled again under the budget less the model's error on it (compiled
-    less modelled peak; up to ATTEMPTS compiles in all), counted (REPLANNED) and reported. The margin is kept (`plan_cache.store_margin`):
-    a later launch plans under it at once, its caches (plan, compiled step) keyed by that budget.
+    less modelled peak; up to ATTEMPTS compiles in all), counted (REPLANNED) and reported. The margin
+    is kept (`plan_cache.store_margin`): a later launch plans under it at once, its caches (plan,
+    compiled step) keyed by that budget.
     The memory model the plan is chosen by misses what Inductor's scheduling adds: HF Mistral under
     codegen triton ran 77 MiB over a 14.5 GiB budget on an H100, with the compiled figure exact
     (bench/results/h100-2026-12-06-triton-recompute/); on CPU, HF BART under codegen inductor 4% over."""
@@ -96,9 +97,9 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
         peak = planned[0].compiled_peak() if planned else None   # None: from torch's cache, or not generated
         if peak is None or peak[0] <= budget or attempt == ATTEMPTS - 1:
             return compiled
-        superseded = [a for a in ANALYSES if a is not planned[0]]   # ANALYSES holds the graphs that run
+        running = [a for a in ANALYSES if a is not planned[0]]   # ANALYSES holds the graphs that run
         ANALYSES.clear()
-        ANALYSES.extend(superseded)
+        ANALYSES.extend(running)
         # the next plan's modelled peak must leave room for the model's error on this one (compiled less
         # modelled), which is about the same for the next: a plan under budget - margin may model well
         # below that, so the overshoot alone can leave the same plan (HF BART on CPU, 14 KiB over)

@@ -15,7 +15,7 @@ skips the joint-graph trace, the partition and the plan, as a warm plain torch.c
 COLAUTO_PLAN_CACHE=0 turns this off as well.
 Where Inductor generates a training step's code under a budget the user set, the peak of the compiled
 code is checked against the budget at compile time (backend.py, `_held_to_budget`); a step found over it
-is planned again with the overshoot taken off the budget, and that margin is kept here too (plans/margins,
+is planned again with the model's error on it taken off the budget, and that margin is kept here too (plans/margins,
 keyed by the captured graph and the settings), so that later launches plan under it at once.
 Files are written whole (a temporary file renamed over the target), so ranks of one job that write
 the same plan at once leave one valid file.
@@ -89,13 +89,6 @@ def load_margin(digest: str) -> int:
 
 def store_margin(digest: str, nbytes: int) -> str | None:
     """Keep the margin; None, or why it could not be kept."""
-    where = directory()
-    if where is None:
-        return "COLAUTO_PLAN_CACHE=0"
-    try:
-        (where / "margins").mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        return f"{type(error).__name__}: {error}"
     return store(f"margins/{digest}", {"bytes": int(nbytes)})
 
 
@@ -117,7 +110,7 @@ def store(digest: str, plan: dict[str, Any]) -> str | None:
     if where is None:
         return "COLAUTO_PLAN_CACHE=0"
     try:
-        where.mkdir(parents=True, exist_ok=True)
+        (where / digest).parent.mkdir(parents=True, exist_ok=True)   # a digest may name a subfolder (margins/)
         fd, tmp = tempfile.mkstemp(dir=where, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(plan, f)
