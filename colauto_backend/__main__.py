@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -185,3 +186,9 @@ def _explain(args) -> None:
 
 if __name__ == "__main__":
     main()
+    # The plan is printed: leave without the interpreter's teardown, which frees the traced graphs and fake
+    # tensors object by object (1.2-1.7 s after Llama-3-8B's plan on 8 devices, of about 16 s in all).
+    # Nothing is left to write: explain starts no worker process and keeps no file open.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
