@@ -85,7 +85,8 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
                                                        config.optimizer, sorted(config.planned_rules)))
     margin = plan_cache.load_margin(digest)
     for attempt in range(ATTEMPTS):
-        under = config if not margin else dataclasses.replace(config, memory_budget=("bytes", float(budget - margin)))
+        under = config if not margin else dataclasses.replace(config, memory_budget=("bytes", float(budget - margin)),
+                                                              held_budget=budget)
         planned: list[Analysis] = []
         try:
             with compat.backward_compiled_now():
@@ -340,7 +341,8 @@ def _record_allocations(analysis: Analysis, tag: str, allocations: list, config:
     analysis.allocations[tag] = allocations[0]
     compiled = analysis.compiled_peak()
     if compiled is not None:
-        report.emit_compiled_peak(analysis, compiled, config.report, analysis.compiled_peak(outputs_dropped=True))
+        report.emit_compiled_peak(analysis, compiled, config.report, analysis.compiled_peak(outputs_dropped=True),
+                                  held=config.held_budget)
 
 
 def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,

@@ -47,6 +47,9 @@ class Config:
     # Parameters hold their dim-0 rows); dtensor (parallel/emit.py: DTensor parameters, the module re-traced,
     # as tp plans run)
     fsdp: str = "graph"
+    # bytes: the budget the user set, where the step is planned under less of it (backend._held_to_budget
+    # keeps room for the memory model's error on the compiled code); the compiled peak is held to this one
+    held_budget: int | None = None
 
 
 # name in options= -> (environment variable, parser)

@@ -480,6 +480,7 @@ def render_compiled_peak(data: dict) -> str:
             + ("" if dropped is None or dropped == data["compiled_bytes"] else
                f"; {fmt_bytes(dropped)} where the script keeps only the loss, not the model's outputs")
             + ("" if budget is None else f"; budget {fmt_bytes(budget)}")
+            + ("" if not data.get("planned_under_bytes") else f" (planned under {fmt_bytes(data['planned_under_bytes'])})")
             + (" - OVER THE BUDGET: set COLAUTO_MEMORY_BUDGET lower by the difference" if over else ""))
 
 
@@ -499,17 +500,20 @@ def emit_replanned(data: dict, setting: str | None) -> None:
 
 
 def emit_compiled_peak(analysis: "Analysis", compiled: tuple[int, str], setting: str | None,
-                       dropped: tuple[int, str] | None = None) -> None:
+                       dropped: tuple[int, str] | None = None, held: int | None = None) -> None:
     """Once Inductor compiled every graph of a training step: the step's peak with those graphs run as
     their generated code allocates (`Analysis.compiled_peak`; `dropped`: the same where the script keeps
     only the loss), beside the memory model's prediction the plan was chosen by, one line per graph
     (JSON: appended lines). A compiled peak over the budget is also warned about, whatever the setting:
-    the one of a script that holds the outputs, as the plan assumes."""
+    the one of a script that holds the outputs, as the plan assumes. The budget is the user's: `held`
+    where the plan was made under less of it (`Config.held_budget`), else the plan's."""
     model = analysis.evaluate(analysis.hints)["peak_memory_bytes"]
     plan = analysis.plan
-    budget = plan.budget_bytes if plan is not None and plan.budget_bytes else None
+    planned = plan.budget_bytes if plan is not None and plan.budget_bytes else None
+    budget = held if held is not None else planned
     data = {"compiled_bytes": compiled[0], "compiled_at": compiled[1], "model_bytes": model,
             "model_error_pct": 100 * (model / compiled[0] - 1) if compiled[0] else 0.0, "budget_bytes": budget,
+            "planned_under_bytes": planned if planned != budget else None,
             "dropped_bytes": dropped[0] if dropped else None}
     if budget is not None and compiled[0] > budget:
         warn_once(render_compiled_peak(data))

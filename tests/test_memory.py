@@ -3,6 +3,7 @@ which watches every storage allocated and freed (CPU, fp32). MemTracker is a Tor
 which Dynamo runs the step eagerly: this checks the model of what a step holds against eager PyTorch,
 whose saved tensors the unplanned partition reproduces. The compiled step is measured in
 test_remat.py (profiler) and on GPUs by bench/ (torch.cuda.max_memory_allocated)."""
+import json
 import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -228,6 +229,11 @@ def test_a_compiled_peak_over_the_budget_is_warned_and_reported(capsys):
     with w.catch_warnings():
         w.simplefilter("error")             # under the budget, or no budget: no warning
         report.emit_compiled_peak(analysis(None), (105 * MiB, "bwd:buf9 (compiled)"), None)
+        # planned under less than the user's budget (a re-plan's margin): held to the user's, not the plan's
+        report.emit_compiled_peak(analysis(101 * MiB), (105 * MiB, "bwd:buf9 (compiled)"), "1", held=110 * MiB)
+    assert capsys.readouterr().out.strip() == ("colauto: peak of the compiled code 105.00 MiB at bwd:buf9 (compiled) "
+                                               "(memory model: 110.00 MiB, +4.8%); budget 110.00 MiB "
+                                               "(planned under 101.00 MiB)")
 
 
 def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_plan_under_the_margin(
@@ -242,11 +248,19 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
     from colauto_backend import backend
     monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
     before = sum(backend.REPLANNED.values())
     _, row = cpu_peak.points("bart", "inductor", [0.8])
     assert "error" not in row, row
     assert row["measured_bytes"] <= row["budget_bytes"] and not row["over_budget"], row
     assert sum(backend.REPLANNED.values()) > before
+    # every compile's peak is reported against the user's budget, the re-plans' too (planned under less of
+    # it): the last compile's is under it (an H100 run once warned "OVER THE BUDGET" against the re-plan's)
+    lines = [json.loads(line) for line in open(tmp_path / "report.compiled_peak.jsonl")]
+    budgeted = lines[1:]        # the first: the point without a budget (one graph, the device's memory)
+    assert len(budgeted) >= 2 and all(d["budget_bytes"] == row["budget_bytes"] for d in budgeted), budgeted
+    assert budgeted[0]["compiled_bytes"] > row["budget_bytes"] >= budgeted[-1]["compiled_bytes"], budgeted
+    assert budgeted[-1]["planned_under_bytes"] < row["budget_bytes"], budgeted[-1]
     assert list((tmp_path / "plans" / "margins").glob("*.json"))
     again = sum(backend.REPLANNED.values())
     from examples.hf_zoo import build_hf
