@@ -4,7 +4,8 @@
 # MODES, a fresh process with empty caches (the first launch: it may compile up to 3 times), then a
 # second launch with the same caches (the margin kept under COLAUTO_CACHE_DIR/plans/margins: planned
 # under it at once). Inductor's baseline (mode inductor) runs in the same call. LIMIT: seconds for the
-# whole call (default 570). One tar: $OUT/r42.tgz.
+# whole call (default 570). LAUNCHES: "first" for cold launches only (default "first second"). One tar:
+# $OUT/r42.tgz.
 #   COMMIT=<sha> MODELS="hf/mistral:bench:4:1024=14.5GiB" MODES="inductor colauto-triton" bash bench/sessions/gpu42.sh
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 COLAUTO_REPORT=1
@@ -16,7 +17,7 @@ left() { echo $(( ${LIMIT:-570} - ($(date +%s) - T0) )); }
 for mb in ${MODELS:-hf/mistral:bench:4:1024=14.5GiB hf/llama:bench:4:1024=17.1GiB}; do
   spec=${mb%=*}; budget=${mb#*=}; name=$(echo $spec | cut -d/ -f2 | cut -d: -f1)-$budget
   for mode in ${MODES:-inductor colauto-triton colauto}; do
-    launches="first second"; [ "$mode" = inductor ] && launches="first"
+    launches=${LAUNCHES:-first second}; [ "$mode" = inductor ] && launches="first"
     for launch in $launches; do
       d=$R/$name/$mode-$launch; mkdir -p $d
       [ $(left) -lt 60 ] && { echo "== $name $mode $launch: no time left"; continue; }
