@@ -508,7 +508,7 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             passes.pop("reorder_for_compute_comm_overlap", None)
         for name in (_buckets_a_conv_gradient(gm) if _BUCKETING_VIEWS else ()):
             if passes.pop(name, None) is not None:
-                UNBUCKETED[f"torch 2.11's {name} views convolution gradients"] += 1
+                UNBUCKETED[f"torch {torch.__version__.split('+')[0]}'s {name} views convolution gradients"] += 1
     _register_fallbacks(gm)
     from ._cpu_kernels import batched
     with inductor_config.patch(passes), _inductor_context(gm, example_inputs), batched(), \
@@ -517,17 +517,18 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)   # as compile_fx calls it
 
 
-# torch 2.11's all-reduce and reduce-scatter bucketing flatten each input with view(-1) (2.13: reshape),
-# which fails on a convolution weight's gradient once Inductor lays the convolution out channels-last
-# ("Cannot view a tensor with shape [64, 3, 8, 8] and strides (192, 1, 24, 3)": HF ViT under dp, HF ResNet
-# under fsdp on the captured graph, codegen inductor).
+# torch 2.11's and 2.12's all-reduce and reduce-scatter bucketing flatten each input with view (2.13:
+# reshape), which fails on a convolution weight's gradient once Inductor lays the convolution out
+# channels-last ("Cannot view a tensor with shape [64, 3, 8, 8] and strides (192, 1, 24, 3)": HF ViT under
+# dp, HF ResNet under fsdp and tp on the captured graph, codegen inductor; on 2.12 found by the full suite
+# in a torch==2.12.0 venv, 2026-12-06).
 def torch_at_least(major: int, minor: int) -> bool:
     """torch's version is major.minor or later (a local suffix such as +cpu ignored)."""
     found = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
     return found >= (major, minor)
 
 
-_BUCKETING_VIEWS = not torch_at_least(2, 12)
+_BUCKETING_VIEWS = not torch_at_least(2, 13)
 UNBUCKETED = counters.counter("graphs whose collectives Inductor does not bucket")
 _BUCKETED = {"bucket_all_reduces_fx": torch.ops._c10d_functional.all_reduce.default,
              "bucket_reduce_scatters_fx": torch.ops._c10d_functional.reduce_scatter_tensor.default}
