@@ -458,20 +458,26 @@ def test_batch_norm_backward_is_placed_by_channel_without_tracing_its_decomposit
         raise AssertionError("the BatchNorm backward's placements were derived by tracing its decomposition")
     monkeypatch.setattr(DecompShardingStrategy, "propagate_strategy", derived)
     d.prop.propagate_op_sharding.cache_clear()
+    # as the lifted tp graph runs it: without `batch_norm_per_rank`'s handler, which an earlier test in this
+    # process may have installed (it runs before any rule)
     try:
-        rules.shard_batch_norm_backward()
-        x, c = T(8, 16, 4, 4), T(16)
-        args = (x, x, c, c, c, c, c, True, 1e-5, [True, True, True])
-        (dargs, dkwargs) = on_mesh(args, {}, [(Shard(1),), (Shard(1),)] + [(Shard(0),)] * 5, meshes["1d"])
-        grad_input, grad_weight, grad_bias = op(*dargs, **dkwargs)
-        assert grad_input.placements == (Shard(1),) and grad_input.to_local().shape == (8, 4, 4, 4)
-        assert grad_weight.placements == grad_bias.placements == (Shard(0),)
-        assert grad_weight.to_local().shape == (4,)
-        # weight and statistics replicated (a replicated BatchNorm's): the batch-sized tensors stay whole
-        (dargs, dkwargs) = on_mesh(args, {}, [(Replicate(),)] * 7, meshes["1d"])
-        assert all(t.placements == (Replicate(),) for t in op(*dargs, **dkwargs))
+        with rules.default_batch_norm():
+            rules.shard_batch_norm_backward()
+            x, c = T(8, 16, 4, 4), T(16)
+            args = (x, x, c, c, c, c, c, True, 1e-5, [True, True, True])
+            (dargs, dkwargs) = on_mesh(args, {}, [(Shard(1),), (Shard(1),)] + [(Shard(0),)] * 5, meshes["1d"])
+            grad_input, grad_weight, grad_bias = op(*dargs, **dkwargs)
+            assert grad_input.placements == (Shard(1),) and grad_input.to_local().shape == (8, 4, 4, 4)
+            assert grad_weight.placements == grad_bias.placements == (Shard(0),)
+            assert grad_weight.to_local().shape == (4,)
+            # weight and statistics replicated (a replicated BatchNorm's): the batch-sized tensors stay whole
+            (dargs, dkwargs) = on_mesh(args, {}, [(Replicate(),)] * 7, meshes["1d"])
+            assert all(t.placements == (Replicate(),) for t in op(*dargs, **dkwargs))
     finally:
         d.prop.propagate_op_sharding.cache_clear()
+
+
+def test_batch_norm_backward_rule_lists_whole_and_channel_placements():
     # the rule itself: everything whole, or channels split (absent optional tensors stay None)
     spec4, spec1 = SimpleNamespace(shape=(8, 16, 4, 4)), SimpleNamespace(shape=(16,))
     whole, channel = rules._by_channel(spec4, spec4, spec1, None, None, spec1, spec1, True, 1e-5, [True] * 3)
