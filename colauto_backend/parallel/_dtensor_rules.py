@@ -417,11 +417,7 @@ def shard_padding() -> None:
     2-D mesh DTensor's redistribution planner fails with "list index out of range" (HF Llama 8B's labels,
     Shard(0) over dp and tp, on 4 H200s). Installed only where DTensor has no rule of its own for one mesh
     dim (`op_single_dim_strategy_funcs`, torch 2.13)."""
-    op = torch.ops.aten.constant_pad_nd.default
-    fn = _dtensor().prop.op_strategy_funcs.get(op)
-    if op in _dtensor().prop.op_single_dim_strategy_funcs or getattr(fn, "args", (None,))[0] is _padding:
-        return
-    _register_sharding(op, _padding)
+    _register_missing(torch.ops.aten.constant_pad_nd.default, _padding)
 
 
 def shard_batch_norm_backward() -> None:
@@ -432,11 +428,16 @@ def shard_batch_norm_backward() -> None:
     lifted graph runs DTensor's own BatchNorm rules (`default_batch_norm`), took 940 s in a torch 2.12
     suite run, against seconds on 2.13. Installed only where DTensor has no rule of its own for one mesh
     dim (2.13's). `batch_norm_per_rank`'s handler, where installed, runs before any rule."""
-    op = op_named(_BATCH_NORM_BACKWARD)
+    _register_missing(op_named(_BATCH_NORM_BACKWARD), _by_channel)
+
+
+def _register_missing(op: torch._ops.OpOverload, rule) -> None:
+    """`rule` registered for `op` unless DTensor has a one-mesh-dim rule of its own for it (torch 2.13's
+    `op_single_dim_strategy_funcs`) or `rule` is registered already."""
     fn = _dtensor().prop.op_strategy_funcs.get(op)
-    if op in _dtensor().prop.op_single_dim_strategy_funcs or getattr(fn, "args", (None,))[0] is _by_channel:
+    if op in _dtensor().prop.op_single_dim_strategy_funcs or getattr(fn, "args", (None,))[0] is rule:
         return
-    _register_sharding(op, _by_channel)
+    _register_sharding(op, rule)
 
 
 def _by_channel(grad_out, x, *rest, **kwargs) -> list:
