@@ -145,24 +145,20 @@ def test_graph_fsdp_is_the_default_and_a_bad_value_is_one_line():
     assert str(err.value) == "COLAUTO_FSDP='ddp' is not valid: use one of dtensor, graph", err.value
 
 
-@pytest.mark.parametrize("torch_211", [False, True])
-def test_a_parameter_cut_in_place_is_guarded_by_identity_alone(monkeypatch, torch_211):
+@pytest.mark.parametrize("together", [False, True])
+def test_a_parameter_cut_in_place_is_guarded_by_identity_alone(together):
     """The guards Dynamo holds on a parameter's source (its size check above all: a cut parameter's shape
-    changes) give way to one identity check. With torch 2.11's `is_from_source`, which never matches a
+    changes), and on sources reached through it (its .grad), give way to one identity check; the other
+    parameter's and the module's guards stay. With torch 2.11's `is_from_source`, which never matches a
     chained source itself (only its bases), torch's `remove_guards_with_source` left the size check and the
-    cut failed in Dynamo ("Guard failed on the same frame it was created"); the adapter drops it too."""
+    cut failed in Dynamo ("Guard failed on the same frame it was created"): the adapter walks the sources
+    itself, for all the graph's parameters in one pass (`together`: both parameters at once)."""
     import types
     import torch._dynamo.source as dsource
     from torch._dynamo.guards import GuardBuilder
     from torch._guards import Guard, TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
     from colauto_backend import _torch_compat as compat
-    if torch_211:
-        def is_from_source_211(source, target):
-            if isinstance(source, dsource.ChainedSource):
-                return is_from_source_211(source.base, target)
-            return source == target
-        monkeypatch.setattr(dsource, "is_from_source", is_from_source_211)
     root = dsource.LocalSource("self")
     param = dsource.DictGetItemSource(dsource.AttrSource(root, "_parameters"), "weight")
     other = dsource.DictGetItemSource(dsource.AttrSource(root, "_parameters"), "bias")
@@ -173,6 +169,12 @@ def test_a_parameter_cut_in_place_is_guarded_by_identity_alone(monkeypatch, torc
             guards.add(Guard(source, GuardBuilder.TENSOR_MATCH))
         guards.add(Guard(dsource.AttrSource(param, "grad"), GuardBuilder.TENSOR_MATCH))
         guards.add(Guard(root, GuardBuilder.TYPE_MATCH))
-        compat.guard_parameter_by_identity(types.SimpleNamespace(meta={"grapharg": types.SimpleNamespace(source=param)}))
+        cut = [param, other] if together else [param]
+        compat.guard_parameters_by_identity([types.SimpleNamespace(meta={"grapharg": types.SimpleNamespace(source=s)})
+                                             for s in cut])
         left = sorted((g.name, g.create_fn_name()) for g in guards)
-    assert left == sorted([(param.name, "ID_MATCH"), (other.name, "TENSOR_MATCH"), (root.name, "TYPE_MATCH")]), left
+        if hasattr(guards, "source_to_guards"):   # torch's own index agrees with the set
+            assert sorted((g.name, g.create_fn_name()) for gs in guards.source_to_guards.values() for g in gs) == left
+    want = [(param.name, "ID_MATCH"), (root.name, "TYPE_MATCH"),
+            (other.name, "ID_MATCH" if together else "TENSOR_MATCH")]
+    assert left == sorted(want), left

@@ -8,7 +8,7 @@ goes there, counted. Inside the backend call, for the one captured graph:
 
 1. every parameter and buffer the graph reads starts as rank 0's (`data.prepare`, as DDP broadcasts);
 2. each parameter the plan shards (dim 0 over the mesh's fsdp axis) is guarded by identity, not by
-   shape (`compat.guard_parameter_by_identity`), and its `.data` becomes the rank's rows (of its fsdp
+   shape (`compat.guard_parameters_by_identity`), and its `.data` becomes the rank's rows (of its fsdp
    group), in place: the same Parameter object, so an optimizer built before compiling steps on the
    shard, and `p.grad` is the shard's gradient;
 3. the graph reads each such parameter through `gather`: an all-gather of the rows over the fsdp group
@@ -286,9 +286,9 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
     at = [i for i in at if i not in whole]
     inputs = list(example_inputs)
     cut = 0
+    compat.guard_parameters_by_identity([placeholders[i] for i in at])
     for i in at:
         p = example_inputs[i]
-        compat.guard_parameter_by_identity(placeholders[i])
         if p not in _FULL:
             full = _STASH.get(p, p.data)
             _FULL[p] = _Cut(tuple(full.shape), full.stride(), g)

@@ -333,7 +333,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             lifted, stacked = lift(pinned, example_inputs, own, world), own
         except NotLifted:
             raise first from None
-    kinds, inputs, cuts = [], list(example_inputs), []
+    kinds, inputs, cuts, cut_before = [], list(example_inputs), [], []
     for i, t in enumerate(example_inputs):
         name = names.get(i)
         if isinstance(t, torch.nn.Parameter):
@@ -342,7 +342,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             if cut is not None:     # cut by an earlier graph (a no_grad call first): read as it was cut
                 kinds.append(("param", list(cut.placements), compute, cut.shape, cut.stride))
                 inputs[i] = compat.fake_parameter_like(fsdp._STASH.get(t, t.data), t.requires_grad)
-                compat.guard_parameter_by_identity(placeholders[i])
+                cut_before.append(placeholders[i])
                 continue
             storage = placements_of(plan.storage.get(name, ("R",) * len(roles)))
             kinds.append(("param", storage, compute, tuple(t.shape), t.stride()))
@@ -356,6 +356,7 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
             kinds.append(("stacked",))
         else:
             kinds.append(("value",))
+    compat.guard_parameters_by_identity(cut_before)
     replicated: set[str] = set()      # ops DTensor could not place, run replicated (counted once compiled)
     runner = _runner(lifted, kinds, mesh, tp, world, out_examples, replicated)
     try:
@@ -377,9 +378,9 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
         RUN_REPLICATED[op] += 1
     # compiled: now the parameters are cut in place (nothing changed before this point)
     compat.on_dynamo_compile(fsdp._standins_on, fsdp._standins_off)
+    compat.guard_parameters_by_identity([placeholders[i] for i, _ in cuts])
     for i, storage in cuts:
         p = example_inputs[i]
-        compat.guard_parameter_by_identity(placeholders[i])
         fsdp.cut_in_place(p, compat.local_piece(p.detach(), mesh, storage), mesh, tuple(storage))
         fsdp.SHARDED[names[i]] += 1
     LIFTED[plan.mesh_str] += 1
