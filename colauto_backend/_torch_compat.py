@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -610,6 +611,34 @@ def symbol_sources(shape_env) -> dict[sympy.Symbol, tuple[str, int]]:
 def no_duck_sizing():
     """Equal example sizes (B == T) must stay separate symbols."""
     return fx_config.patch(use_duck_shape=False)
+
+
+_DIM_MARKS = ("_dynamo_weak_dynamic_indices", "_has_dynamo_dim_marking")   # what maybe_mark_dynamic sets
+
+
+@contextlib.contextmanager
+def every_dim_dynamic(tensors: Sequence[Any]):
+    """Every dimension of these tensors a size symbol for the Dynamo trace inside, and the tensors as they
+    were after it: `torch._dynamo.maybe_mark_dynamic` marks the caller's tensors for good (the private
+    attributes in `_DIM_MARKS`), so a later torch.compile of the same inputs once compiled dynamically
+    after a profile() of them."""
+    tensors = list({id(t): t for t in tensors if isinstance(t, torch.Tensor)}.values())
+    missing = object()
+    before = [{a: copy.copy(v) if (v := getattr(t, a, missing)) is not missing else v for a in _DIM_MARKS}
+              for t in tensors]
+    for t in tensors:
+        for d in range(t.dim()):
+            torch._dynamo.maybe_mark_dynamic(t, d)
+    try:
+        yield
+    finally:
+        for t, was in zip(tensors, before):
+            for attr, value in was.items():
+                if value is missing:
+                    if hasattr(t, attr):
+                        delattr(t, attr)
+                else:
+                    setattr(t, attr, value)
 
 
 def unwrap_backend_error(exc: BaseException) -> BaseException:

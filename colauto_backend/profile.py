@@ -92,8 +92,11 @@ def _make(analysis: Analysis, subs: dict, arg_names: list[str], timings: dict, o
 
 
 def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
-            kwargs: dict | None = None) -> tuple[Analysis, list[str]]:
-    """Run Dynamo + AOTAutograd + the cost model (and planner) on `model`, stopping before any kernel."""
+            kwargs: dict | None = None, dynamic: bool = True) -> tuple[Analysis, list[str]]:
+    """Run Dynamo + AOTAutograd + the cost model (and planner) on `model`, stopping before any kernel.
+    `dynamic`: every input dimension a size symbol (profile(): a cost model for every size); else these
+    sizes alone (explain(): the same numbers at these sizes, traced without symbolic arithmetic, which
+    took half of a 22-layer model's capture)."""
     # the profile is returned to the caller, who prints it (Profile.report) if they want it
     config = dataclasses.replace(cfg.load(options), report=None)
     kwargs = kwargs or {}
@@ -104,15 +107,11 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
         captured.append(analysis)
         raise _Captured()
 
-    for t in (*example_inputs, *kwargs.values()):
-        if isinstance(t, torch.Tensor):
-            for d in range(t.dim()):
-                torch._dynamo.maybe_mark_dynamic(t, d)
     compiled = torch.compile(model, backend=local_backend(config, on_analysis=stop), fullgraph=True)
     on_meta = meta.on_meta(*example_inputs, *kwargs.values(), next(model.parameters(), None))
     try:
-        with compat.no_duck_sizing(), meta.gpu_attention(on_meta), planner.gc_off(), \
-                warnings.catch_warnings(record=True) as seen:
+        with compat.no_duck_sizing(), compat.every_dim_dynamic([*example_inputs, *kwargs.values()] if dynamic else []), \
+                meta.gpu_attention(on_meta), planner.gc_off(), warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             compiled(*example_inputs, **kwargs)   # stops inside the backend once the analysis exists
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
@@ -164,7 +163,8 @@ _CAPTURES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Analysis]]" 
 
 def _captured(model: torch.nn.Module, example_inputs: tuple, options: dict, kwargs: dict | None) -> Analysis:
     """The unplanned capture of `model` for explain(): reused while the inputs' and parameters' shapes,
-    dtypes and requires_grad, the grad mode and every setting but the budget are the same."""
+    dtypes and requires_grad, the grad mode and every setting but the budget are the same. The shapes are
+    in the key, so the capture is static: a size symbol would serve no other size here."""
     def sig(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return (tuple(v.shape), v.dtype, v.device.type, v.requires_grad)
@@ -176,7 +176,7 @@ def _captured(model: torch.nn.Module, example_inputs: tuple, options: dict, kwar
     cached = _CAPTURES.get(model)
     if cached is not None and cached[0] == key:
         return cached[1]
-    analysis, _ = capture(model, example_inputs, unbudgeted, kwargs)
+    analysis, _ = capture(model, example_inputs, unbudgeted, kwargs, dynamic=False)
     _CAPTURES[model] = (key, analysis)
     return analysis
 

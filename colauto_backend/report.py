@@ -122,8 +122,9 @@ def _shown_for(owner: Any) -> set[str]:
 
 
 def _table_key(data: dict) -> str:
-    """The table of `data` whatever the time its cost model took: equal for the same graph."""
-    return render(dict(data, cost_model_s=0.0))
+    """The table of `data` whatever the time its cost model took, and whether its sizes were symbols
+    (profile()'s capture) or fixed (the compile's, at the same sizes): equal for the same numbers."""
+    return render(dict(data, cost_model_s=0.0, sizes={}))
 
 
 def shown(data: dict, owner: Any = None) -> str:

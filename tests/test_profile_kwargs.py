@@ -1,6 +1,7 @@
 """profile() and explain() on a model called with keywords, as transformers models are
 (`model(input_ids=..., labels=...)`): FLOPs against FlopCounterMode at the example size and, by
 substitution (Profile.at), at another size; explain plans a mesh."""
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -24,3 +25,23 @@ def test_profile_and_explain_take_keyword_inputs():
     assert other.flops_fwd + other.flops_bwd == _flops(model, batch(4, 32))
     plan = colauto_backend.explain(model, kwargs=batch(2, 16), mesh="4", device="h100")
     assert plan.mesh_str and plan.predicted["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("name", ["qwen2", "t5"])
+def test_explain_plans_the_step_compile_runs_and_profile_leaves_the_inputs_static(name):
+    """explain() captures at the inputs' sizes, as torch.compile's first trace does: its single-device plan
+    is the one the compile then runs (peak and step time, exactly). A dynamic capture costed HF's
+    full-range slices (and their slice_backward copies), which a static trace elides. profile() traces
+    every size (its symbols) and leaves the caller's tensors as they were: it once marked them dynamic for
+    good, and the compile after it traced symbolic sizes."""
+    from colauto_backend.backend import ANALYSES
+    model, make = hf_zoo.build_hf(name)
+    batch = make(2, 64)
+    assert colauto_backend.profile(model, kwargs=batch).sizes     # size symbols, named after the inputs
+    plan = colauto_backend.explain(model, kwargs=batch, budget="none")
+    torch._dynamo.reset()
+    ANALYSES.clear()
+    torch.compile(model, backend="colauto")(**batch).loss.backward()
+    ran = next(a for a in ANALYSES if a.planner is not None)
+    assert not ran.hints, ran.hints      # no size symbol: the compile traced these sizes
+    assert (plan.peak_with_bytes, plan.step_time_with_s) == (ran.plan.peak_with_bytes, ran.plan.step_time_with_s)
