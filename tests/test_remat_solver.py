@@ -224,3 +224,49 @@ def test_first_fitting_is_the_linear_scan_where_fitting_starts_once_and_monotone
                     got_before = got
                 else:
                     got_before = n
+
+
+def _in_order(p: RematProblem, order: list[int]) -> RematProblem:
+    """`p` with its nodes renumbered into `order` (a topological order of its nodes)."""
+    at = {old: new for new, old in enumerate(order)}
+    return RematProblem(*(tuple(getattr(p, f)[i] for i in order) for f in ("size", "time")),
+                        tuple(tuple(sorted(at[x] for x in p.inputs[i])) for i in order),
+                        *(tuple(getattr(p, f)[i] for i in order) for f in ("needed", "can_keep", "can_recompute",
+                                                                            "keep_time")))
+
+
+def _bloom_problem(layers: int):
+    """HF BLOOM (tiny width) at `layers` layers: its remat problem in the solver's order, and the order of
+    the joint graph (graph.forward_dag's `order`) as positions in it."""
+    import transformers
+    from examples.hf_zoo import config_of
+    config = config_of("bloom", "tiny")
+    config.n_layer = layers
+    torch.manual_seed(0)
+    model = transformers.BloomForCausalLM(config)
+    ids = torch.randint(1, config.vocab_size, (2, 16))
+    ANALYSES.clear()
+    torch.compile(model, backend="colauto", options={"memory_budget": "none"})(input_ids=ids, labels=ids).loss.backward()
+    analysis = next(a for a in ANALYSES if a.planner is not None)
+    ev = analysis.evaluate(analysis.hints)
+    times = graph.node_times(analysis.costs, ev["_recompute_times"])
+    problem, nodes, _ = graph.remat_problem(analysis.joint.graph, times, analysis.hints)
+    dag = graph.forward_dag(analysis.joint.graph)
+    return problem, sorted(range(len(nodes)), key=lambda i: dag.nodes[nodes[i]]["order"])
+
+
+def test_dp_width_does_not_grow_with_depth_and_the_order_changes_no_point():
+    """HF BLOOM's GELU has its own backward (a custom autograd Function), whose tanh derivative AOTAutograd
+    traces at the end of the joint graph, reading each layer's forward tanh. Walked in the joint graph's
+    order, the DP held every layer's pending reads at once: its states multiplied with depth (2,160 at 4
+    layers of BLOOM-560m; at 24 its compile planned for more than 8 minutes on a GPU host and was killed).
+    In the solver's order those nodes follow their inputs: the width is the same at 2 and 6 layers. The DP
+    is exact in any topological order: the joint graph's order gives the same frontier (4 layers), from a
+    width that doubles with each layer past the second (96, 192, 384 at 2, 3, 4 layers of this width)."""
+    widths = [solve(_bloom_problem(layers)[0]).states for layers in (2, 6)]
+    assert widths[0] == widths[1] < 100, widths
+    problem, joint_order = _bloom_problem(4)
+    ours, theirs = solve(problem), solve(_in_order(problem, joint_order))
+    assert theirs.states >= 4 * ours.states, (theirs.states, ours.states)     # the width this order removes
+    assert ours.memory.tolist() == theirs.memory.tolist()
+    assert ours.time.tolist() == pytest.approx(theirs.time.tolist(), rel=1e-12)

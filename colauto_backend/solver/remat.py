@@ -66,6 +66,7 @@ class Frontier:
     _back: list = dataclasses.field(repr=False)   # per node: (states before it, {state: (src, choice)}),
     # src/choice arrays over memory units, or plain ints where one option reaches the state
     _size: tuple[int, ...] = dataclasses.field(repr=False)
+    states: int = 0                          # the most DP states at any step (its width: graph.solver_order)
 
     def choices(self, k: int) -> tuple[int, ...]:
         """Per-node decisions of point k: KEEP, RECOMPUTE, or SKIP (not demanded by backward)."""
@@ -96,6 +97,7 @@ def solve(p: RematProblem) -> Frontier:
     n = len(p.size)
     values: dict[frozenset, np.ndarray] = {frozenset(): np.zeros(1)}
     back: list = [None] * n
+    widest = 1
     for j in range(n - 1, -1, -1):
         size = p.size[j] if p.can_keep[j] else 0
         before = list(values)
@@ -149,11 +151,12 @@ def solve(p: RematProblem) -> Frontier:
             values[state] = best
             table[state] = (srcs[:end], chosen[:end])
         back[j] = (before, table)
+        widest = max(widest, len(values))
     final = values.get(frozenset(), np.full(1, INF))
     # Pareto points: strictly less time than any smaller memory
     prior = np.minimum.accumulate(np.concatenate(([INF], final[:-1])))
     mems = np.flatnonzero(final < prior)
-    return Frontier(mems.astype(np.int64), final[mems].astype(float), back, p.size)
+    return Frontier(mems.astype(np.int64), final[mems].astype(float), back, p.size, widest)
 
 
 def evaluate(p: RematProblem, keep: tuple[bool, ...]) -> tuple[int, float] | None:
