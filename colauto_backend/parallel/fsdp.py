@@ -272,7 +272,7 @@ def groups(plan: ParallelPlan) -> _Groups:
 def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_local: Callable) -> Callable:
     """The captured graph with the plan's sharded parameters gathered in it, compiled by `make_local(dp)`;
     the parameters are sharded in place here (see the module docstring)."""
-    from .entry import state_names, owner_module, _checked_gradients   # local import: entry imports this module
+    from .entry import state_names, owner_module, _checked_gradients, _live_modules  # entry imports this module
     names = state_names(gm)
     at, planned = shards(plan, names, example_inputs)
     dp = data.DataParallel.world_group()
@@ -320,14 +320,15 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
     if cut and report._rank() == 0:
         print(f"colauto: COLAUTO_FSDP=graph: {cut} parameters cut to their dim-0 rows in place over "
               f"{plan.mesh_str}, gathered in the captured graph ({len(at)} read by this graph)", flush=True)
+    live = _live_modules() if at else None     # one scan of the objects for both lookups
     if at:
-        _expose_as_dtensors(owner_module(gm, example_inputs))
+        _expose_as_dtensors(owner_module(gm, example_inputs, live))
     local = data.DataParallel(dp.world, dp.group_name, not_reduced=frozenset(at))
     compiled = make_local(local)(gm, inputs)
     # The frame's trace is over: the shards go back now, before Dynamo builds and checks its guards (torch
     # 2.11's identity guard prints the Parameter's values, which a stand-in has none of: a segfault).
     _standins_off()
-    return _checked_gradients(gm, example_inputs, compiled)
+    return _checked_gradients(gm, example_inputs, compiled, live)
 
 
 _EXPOSED: WeakIdKeyDictionary = WeakIdKeyDictionary()   # module -> True once its state dict hooks are on

@@ -300,7 +300,7 @@ def unsupported(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan) ->
 def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_local: Callable) -> Callable:
     """The captured graph run tensor-parallel (see the module docstring), compiled by `make_local(dp)`;
     raises NotLifted before anything is changed where it cannot."""
-    from .entry import state_names, owner_module, _checked_gradients   # local import: entry imports this module
+    from .entry import state_names, owner_module, _checked_gradients, _live_modules  # entry imports this module
     reason = unsupported(gm, example_inputs, plan)
     if reason is not None:
         raise NotLifted(reason)
@@ -387,7 +387,8 @@ def compile(gm: fx.GraphModule, example_inputs: list, plan: ParallelPlan, make_l
     if report._rank() == 0:
         print(f"colauto: tp on the captured graph: {len(cuts)} parameters cut in place over {plan.mesh_str}, "
               f"{pins} tp pins, the graph lifted over {world} ranks", flush=True)
+    live = _live_modules() if cuts else None   # one scan of the objects for both lookups
     if cuts:
-        fsdp._expose_as_dtensors(owner_module(gm, example_inputs))
+        fsdp._expose_as_dtensors(owner_module(gm, example_inputs, live))
     fsdp._standins_off()
-    return _checked_gradients(gm, example_inputs, compiled)
+    return _checked_gradients(gm, example_inputs, compiled, live)
