@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# For the next GPU session (written 2026-12-06, session 35; not yet run): the re-plan of a step compiled
+# Written 2026-12-06 (session 35); run in sessions 36 (h100-2026-12-06-replanned-triton) and 37
+# (h100-2026-12-06-half-activation). The re-plan of a step compiled
 # over its budget (backend._held_to_budget) on a GPU. For each model=budget of MODELS and each mode of
 # MODES, a fresh process with empty caches (the first launch: it may compile up to 3 times), then a
 # second launch with the same caches (the margin kept under COLAUTO_CACHE_DIR/plans/margins: planned
