@@ -641,6 +641,24 @@ def every_dim_dynamic(tensors: Sequence[Any]):
                     setattr(t, attr, value)
 
 
+@contextlib.contextmanager
+def sizes_forgotten(static: bool):
+    """A capture for profile() or explain(), which is not the user's compile: `static`, traced at the
+    inputs' sizes even where Dynamo saw this code at other sizes before (automatic dynamic shapes off);
+    and after it, Dynamo remembers no size it saw there. Dynamo keeps the sizes it traced each code object
+    at (torch._dynamo.pgo's code state, private) and traces a later call of other sizes with symbols: a
+    compile after explain() or profile() at another batch size traced symbolic sizes."""
+    from torch._dynamo import pgo
+    state = pgo.get_code_state()
+    saved = copy.deepcopy(dict(state))
+    try:
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if static else contextlib.nullcontext():
+            yield
+    finally:
+        state.clear()
+        state.update(saved)
+
+
 def unwrap_backend_error(exc: BaseException) -> BaseException:
     return exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
 

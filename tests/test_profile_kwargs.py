@@ -32,14 +32,16 @@ def test_explain_plans_the_step_compile_runs_and_profile_leaves_the_inputs_stati
     """explain() captures at the inputs' sizes, as torch.compile's first trace does: its single-device plan
     is the one the compile then runs (peak and step time, exactly). A dynamic capture costed HF's
     full-range slices (and their slice_backward copies), which a static trace elides. profile() traces
-    every size (its symbols) and leaves the caller's tensors as they were: it once marked them dynamic for
-    good, and the compile after it traced symbolic sizes."""
+    every size (its symbols) and leaves the caller's tensors and Dynamo as they were: it once marked the
+    tensors dynamic for good, and Dynamo remembered the sizes a capture saw, so a compile after profile()
+    or explain() at another batch size traced symbolic sizes. No torch._dynamo.reset() between the calls:
+    a script does none."""
     from colauto_backend.backend import ANALYSES
     model, make = hf_zoo.build_hf(name)
-    batch = make(2, 64)
-    assert colauto_backend.profile(model, kwargs=batch).sizes     # size symbols, named after the inputs
+    batch, other = make(2, 64), make(3, 48)
+    assert colauto_backend.profile(model, kwargs=other).sizes     # size symbols, named after the inputs
+    colauto_backend.explain(model, kwargs=other, budget="none")    # another size first
     plan = colauto_backend.explain(model, kwargs=batch, budget="none")
-    torch._dynamo.reset()
     ANALYSES.clear()
     torch.compile(model, backend="colauto")(**batch).loss.backward()
     ran = next(a for a in ANALYSES if a.planner is not None)

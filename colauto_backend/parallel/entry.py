@@ -403,7 +403,7 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
     progress.say("capturing the training step (Dynamo)")
     try:
         # a meta model: attention as a GPU runs it; the collector paused over Dynamo's trace too
-        with meta.gpu_attention(on_meta), planner.gc_off():
+        with meta.gpu_attention(on_meta), planner.gc_off(), compat.sizes_forgotten(static=True):
             torch.compile(model, backend=backend, fullgraph=True)(*example_inputs, **(kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         inner = compat.unwrap_backend_error(exc)
