@@ -48,13 +48,19 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
-from . import graph, plan_cache
+from . import counters, graph, plan_cache
 from ._torch_compat import PassThroughError
 from .analysis import Analysis, layer_of
 from .cost.memory import PredictedPartition
 from .emit import remat as emit
 from .report import fmt_bytes
 from .solver import remat as solver
+
+# The DP's states past which it keeps the likeliest and drops the rest (solver.solve's max_states): HF
+# models hold 54-176 (2026-12-06); a graph whose states multiply with depth once planned for minutes
+# (BLOOM before graph.solver_order). Counted here and named in the plan's report line.
+MAX_DP_STATES = 2048
+DP_PRUNED = counters.counter("remat DP pruned")
 
 
 # Share of the budget left for allocations the memory model does not see. On an H200 the unplanned
@@ -102,6 +108,7 @@ class Plan:
     quantum_bytes: float = 0.0
     solve_s: float = 0.0                  # problem construction + DP
     plan_s: float = 0.0                   # everything, simulations of candidate plans included
+    dp_pruned_steps: int = 0              # DP steps past MAX_DP_STATES (0: the frontier is exact)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -190,7 +197,7 @@ class Planner:
         base, baseline = self.base, self.baseline
         limit = float("inf") if budget is None else budget * (1 - HEADROOM)
         if base["peak_memory_bytes"] <= limit:
-            return _describe(budget, base, base, baseline, 0, 0, 0.0, 0.0, start), None, baseline
+            return _describe(budget, base, base, baseline, None, 0, 0.0, 0.0, start), None, baseline
         if not partition or self.cache_settings is None:
             return self._choose(budget, limit, partition, start, seen)[:3]
         digest = plan_cache.key(self.joint, (*self.cache_settings, budget, HEADROOM, self.buffers,
@@ -199,7 +206,7 @@ class Planner:
         if stored is not None:
             ev, graphs, analysis = self._partition(tuple(stored["names"]), tuple(stored["keep"]))
             if ev["peak_memory_bytes"] <= limit:
-                described = _describe(budget, base, ev, analysis, 0, 1, 0.0, 0.0, start)
+                described = _describe(budget, base, ev, analysis, None, 1, 0.0, 0.0, start)
                 return dataclasses.replace(described, partitions_run=1, cache="hit"), graphs, analysis
         described, graphs, analysis, keep = self._choose(budget, limit, partition, start, seen)
         error = plan_cache.store(digest, {"names": self._candidate_set().names, "keep": list(keep)})
@@ -224,7 +231,7 @@ class Planner:
         if fits:
             keep = min(fits, key=lambda k: simulated[k][0]["est_step_time_s"])
             ev, graphs, analysis = simulated[keep]
-            described = _describe(budget, base, ev, analysis, len(cands.frontier.memory), len(simulated),
+            described = _describe(budget, base, ev, analysis, cands.frontier, len(simulated),
                                   cands.quantum, cands.solve_s, start)
             return dataclasses.replace(described, partitions_run=len(self._simulated) - seen), graphs, analysis, keep
         # nothing fits: find the least peak among the candidates to tell the user
@@ -261,7 +268,7 @@ class Planner:
                              else self.partitioned(least_keep)[0])
             raise _budget_error(budget, min(least, key=lambda ev: ev["peak_memory_bytes"]))
         keep, ev, graphs, analysis, checked = chosen
-        described = _describe(budget, self.base, ev, analysis, len(cands.frontier.memory),
+        described = _describe(budget, self.base, ev, analysis, cands.frontier,
                               len(self._simulated) - seen if checked else 0, cands.quantum, cands.solve_s, start)
         ev_model = self._modeled.get(keep, (None,))[0]
         return dataclasses.replace(described, partitions_run=len(self._simulated) - seen,
@@ -501,7 +508,10 @@ def _solve(joint: fx.GraphModule, baseline: Analysis, base: dict,
               else frozenset())
     problem, nodes, quantum = graph.remat_problem(joint.graph, times, baseline.hints, pinned=pinned,
                                                   buffers=buffers, keep_time=keep_time)
-    return solver.solve(problem), nodes, quantum, problem
+    frontier = solver.solve(problem, max_states=MAX_DP_STATES)
+    if frontier.pruned_steps:
+        DP_PRUNED[f"more than {MAX_DP_STATES} states"] += 1
+    return frontier, nodes, quantum, problem
 
 
 def _tags(choices: tuple[int, ...], nodes: list, only: set[str] | None,
@@ -543,7 +553,7 @@ def spread_points(n_points: int, most: int = MAX_CANDIDATES) -> list[int]:
     return sorted(picks, reverse=True)
 
 
-def _describe(budget, base: dict, ev: dict, analysis: Analysis, points: int, simulated: int,
+def _describe(budget, base: dict, ev: dict, analysis: Analysis, frontier: solver.Frontier | None, simulated: int,
               quantum: float, solve_s: float, start: float) -> Plan:
     by_layer: dict[str, list[str]] = {}
     for c in analysis.costs.nodes:
@@ -553,8 +563,9 @@ def _describe(budget, base: dict, ev: dict, analysis: Analysis, points: int, sim
                 peak_with_bytes=ev["peak_memory_bytes"], saved_without_bytes=base["saved_activation_bytes"],
                 saved_with_bytes=ev["saved_activation_bytes"], recompute_time_s=ev["est_recompute_time_s"],
                 step_time_without_s=base["est_step_time_s"], step_time_with_s=ev["est_step_time_s"],
-                recomputed=by_layer, frontier_points=points, simulated_plans=simulated,
-                quantum_bytes=quantum, solve_s=solve_s, plan_s=time.perf_counter() - start)
+                recomputed=by_layer, frontier_points=0 if frontier is None else len(frontier.memory),
+                simulated_plans=simulated, quantum_bytes=quantum, solve_s=solve_s, plan_s=time.perf_counter() - start,
+                dp_pruned_steps=0 if frontier is None else frontier.pruned_steps)
 
 
 def recomputed_in(bw: fx.GraphModule, joint: fx.GraphModule) -> frozenset[str]:

@@ -213,6 +213,9 @@ def _plan_lines(plan: dict | None) -> list[str]:
                      f"{plan['frontier_points']} Pareto plans, {candidates}, "
                      f"DP solved in {plan['solve_s'] * 1e3:.0f} ms, planned in {plan['plan_s']:.1f} s "
                      "(partitions and models included)")
+        if plan.get("dp_pruned_steps"):
+            lines.append(f"  approximate: the DP held too many states at {plan['dp_pruned_steps']} steps and kept "
+                         "the likeliest (counted: 'remat DP pruned'); a better plan may exist")
         for layer, ops in plan["recomputed"].items():
             counts: dict[str, int] = {}
             for op in ops:

@@ -270,3 +270,62 @@ def test_dp_width_does_not_grow_with_depth_and_the_order_changes_no_point():
     assert theirs.states >= 4 * ours.states, (theirs.states, ours.states)     # the width this order removes
     assert ours.memory.tolist() == theirs.memory.tolist()
     assert ours.time.tolist() == pytest.approx(theirs.time.tolist(), rel=1e-12)
+
+
+def _long_reads(layers: int) -> RematProblem:
+    """Per layer a node, and at the end a reader of it that the backward needs (the shape of BLOOM's
+    joint order): recomputing a reader leaves its layer's node pending, so the states double per layer."""
+    n = 2 * layers
+    return RematProblem(size=tuple([2] * layers + [1] * layers), time=tuple(float(1 + i % 3) for i in range(n)),
+                        inputs=tuple([()] * layers + [(i,) for i in range(layers)]),
+                        needed=tuple([False] * layers + [True] * layers),
+                        can_keep=(True,) * n, can_recompute=(True,) * n)
+
+
+def test_a_bounded_dp_returns_real_plans_and_says_it_pruned():
+    """Past `max_states` the DP keeps the likeliest states: every point it returns is a real plan (its
+    decisions give its memory and time), none beats the exact frontier, and it says how many steps it
+    pruned; with room for every state it is the exact DP (brute force)."""
+    p = _long_reads(8)
+    exact = solve(p)
+    assert exact.states == 2 ** 8 and exact.pruned_steps == 0
+    check_against_brute_force(p)
+    assert solve(p, max_states=exact.states).memory.tolist() == exact.memory.tolist()
+    bounded = solve(p, max_states=4)
+    assert bounded.pruned_steps > 0 and bounded.states > 4 and len(bounded.memory) > 0
+    for k, (m, t) in enumerate(zip(bounded.memory.tolist(), bounded.time.tolist())):
+        assert evaluate(p, bounded.keep(k)) == (m, pytest.approx(t))
+        best = min(et for em, et in zip(exact.memory.tolist(), exact.time.tolist()) if em <= m)
+        assert best <= t + 1e-12
+
+
+def test_a_pruned_dp_is_counted_and_reported_and_still_trains_like_eager(monkeypatch, capsys):
+    """The planner bounds the DP (planner.MAX_DP_STATES); a plan from a pruned DP is counted ('remat DP
+    pruned'), its report line says it is approximate, and the step it compiles trains like eager."""
+    from colauto_backend import counters, planner
+    from examples.hf_zoo import build_hf
+    monkeypatch.setattr(planner, "MAX_DP_STATES", 1)
+    before = sum(counters.snapshot()["counts"].get("remat DP pruned", {}).values())
+    model, make = build_hf("llama")
+    ref, _ = build_hf("llama")
+    batch = make(2, 32)
+    probe = colauto_backend_explain(model, batch)
+    budget = (probe.peak_without_bytes + probe.peak_with_bytes) // 2   # between the least and the unplanned
+    loss = torch.compile(model, backend="colauto", options={"memory_budget": budget, "report": "1"})(**batch).loss
+    loss.backward()
+    ref_loss = ref(**batch).loss
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-4)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-3, msg=name)
+    assert sum(counters.snapshot()["counts"]["remat DP pruned"].values()) > before
+    assert "approximate: the DP held too many states" in capsys.readouterr().out
+
+
+def colauto_backend_explain(model, batch):
+    """The single-device plan at the least memory explain() finds (the budget no plan goes under)."""
+    import colauto_backend
+    try:
+        return colauto_backend.explain(model, kwargs=batch, budget=1)
+    except colauto_backend.BudgetError as error:
+        return colauto_backend.explain(model, kwargs=batch, budget=error.smallest_bytes)

@@ -67,6 +67,7 @@ class Frontier:
     # src/choice arrays over memory units, or plain ints where one option reaches the state
     _size: tuple[int, ...] = dataclasses.field(repr=False)
     states: int = 0                          # the most DP states at any step (its width: graph.solver_order)
+    pruned_steps: int = 0                    # steps where states past `max_states` were dropped (0: exact)
 
     def choices(self, k: int) -> tuple[int, ...]:
         """Per-node decisions of point k: KEEP, RECOMPUTE, or SKIP (not demanded by backward)."""
@@ -86,15 +87,21 @@ class Frontier:
         return tuple(c == KEEP for c in self.choices(k))
 
 
-def solve(p: RematProblem) -> Frontier:
+def solve(p: RematProblem, max_states: int | None = None) -> Frontier:
     """The exact Pareto frontier of (kept memory, recompute time) by the DP in the module docstring.
     A state's value array ends at its last own Pareto point: units past it are unreachable or dominated
     (infinite time), and so is any entry no lower than one at less memory, which stays dominated whatever
     follows. So a node that adds nothing to a state copies nothing, and HF Pythia-410M's arrays average a
     few hundred units, not 1,180. Back-pointers take the smallest integer type that holds them: on HF
     Qwen2 at its bench shape (2,321 nodes, 4,105 units) they were 523 MB as int64, and filling that memory
-    was most of the solve time."""
+    was most of the solve time.
+
+    `max_states`: a bound on the states kept after each step. Past it, the states with the fewest pending
+    reads (then the least time at their least memory) are kept and the rest dropped, so the frontier is
+    made of real plans but may miss better ones (`pruned_steps` counts such steps; the caller reports it).
+    None: exact."""
     n = len(p.size)
+    pruned = 0
     values: dict[frozenset, np.ndarray] = {frozenset(): np.zeros(1)}
     back: list = [None] * n
     widest = 1
@@ -152,11 +159,15 @@ def solve(p: RematProblem) -> Frontier:
             table[state] = (srcs[:end], chosen[:end])
         back[j] = (before, table)
         widest = max(widest, len(values))
+        if max_states is not None and len(values) > max_states:
+            kept = sorted(values, key=lambda st: (len(st), float(values[st].min())))[:max_states]
+            values = {st: values[st] for st in kept}
+            pruned += 1
     final = values.get(frozenset(), np.full(1, INF))
     # Pareto points: strictly less time than any smaller memory
     prior = np.minimum.accumulate(np.concatenate(([INF], final[:-1])))
     mems = np.flatnonzero(final < prior)
-    return Frontier(mems.astype(np.int64), final[mems].astype(float), back, p.size, widest)
+    return Frontier(mems.astype(np.int64), final[mems].astype(float), back, p.size, widest, pruned)
 
 
 def evaluate(p: RematProblem, keep: tuple[bool, ...]) -> tuple[int, float] | None:
