@@ -58,8 +58,9 @@ from .solver import remat as solver
 
 # The DP's states past which it keeps the likeliest and drops the rest (solver.solve's max_states): HF
 # models hold 54-176 (2026-12-06); a graph whose states multiply with depth once planned for minutes
-# (BLOOM before graph.solver_order). Counted here and named in the plan's report line.
-MAX_DP_STATES = 2048
+# (BLOOM before graph.solver_order; in that order, bounded at 512: 5.5 s and 1.1 GB on a 2-core CPU, 157 of
+# the exact 241 frontier points). Counted here and named in the plan's report line.
+MAX_DP_STATES = 512
 DP_PRUNED = counters.counter("remat DP pruned")
 
 
