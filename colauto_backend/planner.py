@@ -56,11 +56,12 @@ from .emit import remat as emit
 from .report import fmt_bytes
 from .solver import remat as solver
 
-# The DP's states past which it keeps the likeliest and drops the rest (solver.solve's max_states): HF
-# models hold 54-176 (2026-12-06); a graph whose states multiply with depth once planned for minutes
-# (BLOOM before graph.solver_order; in that order, bounded at 512: 5.5 s and 1.1 GB on a 2-core CPU, 157 of
-# the exact 241 frontier points). Counted here and named in the plan's report line.
-MAX_DP_STATES = 512
+# The DP's states past which it keeps the likeliest and drops the rest (solver.solve's max_states). The
+# tiny HF models hold 8-576 (Qwen2-MoE 576, GPT-NeoX 360, the Llama family 176; 2026-12-06). A graph whose
+# states multiply with depth once planned for minutes with no word (BLOOM before graph.solver_order); in
+# that order, bounded here: 23.5 s and 2.5 GB on a 2-core CPU, 188 of the exact 241 frontier points (at
+# 512: 5.5 s, 157 points). Counted here and named in the plan's report line.
+MAX_DP_STATES = 2048
 DP_PRUNED = counters.counter("remat DP pruned")
 
 
