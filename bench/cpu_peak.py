@@ -90,8 +90,9 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
             if base is None:
                 break
             options["memory_budget"] = row["budget_bytes"] = int(base[1] + fraction * (base[0] - base[1]))
-        from colauto_backend import _torch_compat as compat
+        from colauto_backend import _torch_compat as compat, backend
         refused = sum(compat.RECOMPUTE_KEPT_APART.values())
+        again = (sum(backend.REPLANNED.values()), sum(backend.FUSION_REFUSED_AGAIN.values()))
         try:
             measured, planned = measured_step(model, batch, options, drop_outputs)
         except Exception as exc:  # noqa: BLE001 - recorded as the point's result
@@ -110,7 +111,11 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
                            "error_pct": 100 * (predicted / measured - 1),
                            "over_budget": fraction is not None and measured > row["budget_bytes"],
                            # horizontal fusions of a recomputation refused (compat._as_planned)
-                           "fusions_refused": sum(compat.RECOMPUTE_KEPT_APART.values()) - refused})
+                           "fusions_refused": sum(compat.RECOMPUTE_KEPT_APART.values()) - refused,
+                           # compiles again (backend._held_to_budget): re-planned under a margin, and (auto
+                           # rules) the same plan with Inductor's fusions of recomputation refused
+                           "replanned": sum(backend.REPLANNED.values()) - again[0],
+                           "fusion_refused_again": sum(backend.FUSION_REFUSED_AGAIN.values()) - again[1]})
     return rows
 
 
@@ -148,7 +153,8 @@ def main(argv=None) -> int:
                       f"{row['predicted_bytes'] / 2**20:8.2f} MiB  ({row['error_pct']:+.1f}%)"
                       + (f"  compiled code {row['compiled_bytes'] / 2**20:8.2f} MiB ({row['compiled_error_pct']:+.1f}%)"
                          if "compiled_bytes" in row else "")
-                      + (f"  fusions refused {row['fusions_refused']}" if row["fraction"] is not None else "")
+                      + (f"  fusions refused {row['fusions_refused']}, compiled again: fusion rule "
+                         f"{row['fusion_refused_again']}, re-planned {row['replanned']}" if row["fraction"] is not None else "")
                       + ("  MEASURED ABOVE THE BUDGET" if row["over_budget"] else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,9 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
 
 
 REPLANNED = counters.counter("steps planned again: the compiled code's peak was over the budget")
-ATTEMPTS = 3   # compiles of one step at most, the first included
+ATTEMPTS = 3   # compiles of one step at most, the first included (one more where auto rules escalate)
+FUSION_REFUSED_AGAIN = counters.counter(
+    "steps compiled again refusing horizontal fusions of recomputation: the compiled code's peak was over the budget")
 
 
 def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None,
@@ -82,11 +84,16 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     device = resolve(resolved.device, first)
     budget = planner.resolve_budget(config.memory_budget, device.memory_bytes)
     digest = plan_cache.margin_key(gm, example_inputs, (config.memory_budget, resolved.codegen, repr(device),
-                                                       config.optimizer, sorted(config.planned_rules)))
-    margin = plan_cache.load_margin(digest)
-    for attempt in range(ATTEMPTS):
-        under = config if not margin else dataclasses.replace(config, memory_budget=("bytes", float(budget - margin)),
-                                                              held_budget=budget)
+                                                       config.optimizer, sorted(config.planned_rules or ["auto"])))
+    margin, kept_rules = plan_cache.load_margin(digest)
+    # auto: Inductor's horizontal fusions of recomputed ops are allowed first (the `reuse` rule alone) and
+    # refused (`fusion` too) only where they take the compiled code over the budget
+    rules = config.planned_rules if config.planned_rules is not None else (kept_rules or frozenset({"reuse"}))
+    escalate = config.planned_rules is None and "fusion" not in rules
+    for attempt in range(ATTEMPTS + escalate):
+        under = dataclasses.replace(config, planned_rules=rules)
+        if margin:
+            under = dataclasses.replace(under, memory_budget=("bytes", float(budget - margin)), held_budget=budget)
         planned: list[Analysis] = []
         try:
             with compat.backward_compiled_now():
@@ -96,18 +103,26 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
                 raise
             raise _unheld(budget, margin, error) from None
         peak = planned[0].compiled_peak() if planned else None   # None: from torch's cache, or not generated
-        if peak is None or peak[0] <= budget or attempt == ATTEMPTS - 1:
+        if peak is None or peak[0] <= budget or attempt == ATTEMPTS + escalate - 1:
             return compiled
         running = [a for a in ANALYSES if a is not planned[0]]   # ANALYSES holds the graphs that run
         ANALYSES.clear()
         ANALYSES.extend(running)
+        if escalate and "fusion" not in rules:   # the same plan, its recomputation kept where it is needed
+            rules = rules | {"fusion"}
+            FUSION_REFUSED_AGAIN[resolved.codegen] += 1
+            kept = plan_cache.store_margin(digest, margin, rules)
+            report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": budget, "over_bytes": peak[0] - budget,
+                                   "planned_under_bytes": budget - margin, "kept": kept is None,
+                                   "rules": sorted(rules)}, resolved.report)
+            continue
         # the next plan's modelled peak must leave room for the model's error on this one (compiled less
         # modelled), which is about the same for the next: a plan under budget - margin may model well
         # below that, so the overshoot alone can leave the same plan (HF BART on CPU, 14 KiB over)
         modelled = planned[0].evaluate(planned[0].hints)["peak_memory_bytes"]
         margin = max(margin + peak[0] - budget, peak[0] - modelled)
         REPLANNED[resolved.codegen] += 1
-        kept = plan_cache.store_margin(digest, margin)
+        kept = plan_cache.store_margin(digest, margin, rules if config.planned_rules is None else None)
         report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": budget, "over_bytes": peak[0] - budget,
                                "planned_under_bytes": budget - margin, "kept": kept is None},
                               resolved.report)
@@ -284,7 +299,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             compilers = [compat.cacheable(c) for c in compilers]
             key = compat.compile_cache_keyed(plan_cache.compile_key(
                 (config.memory_budget, repr(device), config.optimizer, unresolved.codegen, unused,
-                 sorted(config.planned_rules))))
+                 sorted(cfg.rules_of(config)))))
         hits = compat.compile_cache_hits()
         with key:
             compiled = compat.aot_autograd(
@@ -365,7 +380,7 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
             recomputed = frozenset(n.name for n in gm.graph.nodes
                                    if n.op == "call_function" and n.name in analysis.recomputed) if is_backward else frozenset()
             remat = compat.RematCodegen(recomputed, memory.needed_at(gm.graph, recomputed) if recomputed else {},
-                                        config.planned_rules)
+                                        cfg.rules_of(config))
         if is_backward:   # marked tangents read as zeros, and take None (none marked: nothing changes)
             inputs = output_grads.specialize(gm, inputs)
         # whether the graph can be recorded, read once, before any code generation rewrites `gm`

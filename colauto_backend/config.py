@@ -38,11 +38,14 @@ class Config:
     cudagraphs: bool = False         # replay the compiled graphs as CUDA graphs (every codegen)
     output_grads: str = "loss"       # loss: outputs returned beside a 0-dim loss get no gradient (output_grads.py);
                                      # all: every output's gradient is computed, zeros included
-    planned_rules: frozenset[str] = frozenset(("fusion", "reuse"))   # Inductor's heuristics that give way
-                                     # under a plan that recomputes (compat._as_planned); none: Inductor's own.
-                                     # reuse alone ran HF Qwen2 and Qwen3 2-3% faster on an H200 at the same
-                                     # peaks, but took 3 of 4 CPU points over their budgets
-                                     # (bench/results/h200-2026-12-02-planned-rules)
+    planned_rules: frozenset[str] | None = None   # Inductor's heuristics that give way under a plan that
+                                     # recomputes (compat._as_planned); empty: Inductor's own. None (auto): a
+                                     # step held to the user's budget is compiled under `reuse` alone and
+                                     # again under both if its compiled code's peak is over the budget
+                                     # (backend._held_to_budget); any other planned step under both.
+                                     # The fusion rule cost HF Qwen2 5% of its throughput on an H200
+                                     # (bench/results/h200-2026-12-02-planned-rules) and took 3 of 4 CPU
+                                     # points under their budgets
     # how a sharded plan without tp runs: graph (parallel/fsdp.py: gathers in the captured graph, the user's
     # Parameters hold their dim-0 rows); dtensor (parallel/emit.py: DTensor parameters, the module re-traced,
     # as tp plans run)
@@ -146,14 +149,23 @@ def _cudagraphs(raw: str, label: str) -> bool:
 PLANNED_RULES = ("fusion", "reuse")
 
 
-def _planned_rules(raw: str, label: str) -> frozenset[str]:
+def _planned_rules(raw: str, label: str) -> frozenset[str] | None:
     value = raw.strip().lower()
     if value == "none":
         return frozenset()
+    if value == "auto":
+        return None
     rules = {part.strip() for part in value.split(",")}
     if not value or not rules <= set(PLANNED_RULES):
-        raise ConfigError(f"{label} is not valid: use a comma-separated list of {', '.join(PLANNED_RULES)}, or none")
+        raise ConfigError(f"{label} is not valid: use auto, a comma-separated list of {', '.join(PLANNED_RULES)}, "
+                          "or none")
     return frozenset(rules)
+
+
+def rules_of(config: Config) -> frozenset[str]:
+    """The planned-graph rules a compile applies: the configured ones, or under auto both (a step held to
+    the user's budget is compiled with concrete rules by backend._held_to_budget)."""
+    return frozenset(PLANNED_RULES) if config.planned_rules is None else config.planned_rules
 
 
 def _comm(raw: str, label: str) -> str:

@@ -81,15 +81,18 @@ def margin_key(gm: fx.GraphModule, example_inputs: list, settings: tuple) -> str
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def load_margin(digest: str) -> int:
-    """The bytes an earlier launch found its compiled step over the budget by (0: none kept)."""
-    kept = load(f"margins/{digest}")
-    return int(kept["bytes"]) if kept and isinstance(kept.get("bytes"), int) else 0
+def load_margin(digest: str) -> tuple[int, frozenset[str] | None]:
+    """The bytes an earlier launch found its compiled step over the budget by (0: none kept), and the
+    planned-graph rules it had to be compiled under (None: none kept)."""
+    kept = load(f"margins/{digest}") or {}
+    rules = kept.get("rules")
+    return (int(kept["bytes"]) if isinstance(kept.get("bytes"), int) else 0,
+            frozenset(rules) if isinstance(rules, list) and all(isinstance(r, str) for r in rules) else None)
 
 
-def store_margin(digest: str, nbytes: int) -> str | None:
-    """Keep the margin; None, or why it could not be kept."""
-    return store(f"margins/{digest}", {"bytes": int(nbytes)})
+def store_margin(digest: str, nbytes: int, rules: frozenset[str] | None = None) -> str | None:
+    """Keep the margin (and the rules the step needed, if given); None, or why it could not be kept."""
+    return store(f"margins/{digest}", {"bytes": int(nbytes)} | ({"rules": sorted(rules)} if rules is not None else {}))
 
 
 def load(digest: str) -> dict[str, Any] | None:

@@ -35,7 +35,7 @@ def test_bad_value_is_one_line_naming_variable(var, value, accepted):
     ("mesh", "dp=2,dp=2", "names a role twice"),
     ("comm", "infiniband", "nvlink-h100"),
     ("cudagraphs", "yes", "use 1"),
-    ("planned_rules", "fusion,", "fusion, reuse, or none"),
+    ("planned_rules", "fusion,", "use auto, a comma-separated list of fusion, reuse, or none"),
     ("fsdp", "simple", "dtensor, graph"),
 ])
 def test_bad_option_is_one_line_naming_the_key(key, value, accepted):
@@ -62,7 +62,9 @@ def test_cuda_graphs_setting():
 
 
 def test_planned_rules_setting():
-    assert cfg.load(environ={}).planned_rules == {"fusion", "reuse"}
+    assert cfg.load(environ={}).planned_rules is None                # auto (backend._held_to_budget)
+    assert cfg.rules_of(cfg.load(environ={})) == {"fusion", "reuse"}  # unheld planned steps: both
+    assert cfg.load(environ={"COLAUTO_PLANNED_RULES": "Auto"}).planned_rules is None
     assert cfg.load(environ={"COLAUTO_PLANNED_RULES": "none"}).planned_rules == frozenset()
     assert cfg.load({"planned_rules": " Reuse "}, environ={}).planned_rules == {"reuse"}
 

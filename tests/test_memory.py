@@ -249,6 +249,7 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
     monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
+    monkeypatch.setenv("COLAUTO_PLANNED_RULES", "fusion,reuse")   # both rules from the first compile
     before = sum(backend.REPLANNED.values())
     _, row = cpu_peak.points("bart", "inductor", [0.8])
     assert "error" not in row, row
