@@ -91,7 +91,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     rules = config.planned_rules if config.planned_rules is not None else (kept_rules or frozenset({"reuse"}))
     escalate = config.planned_rules is None and "fusion" not in rules
     for attempt in range(ATTEMPTS + escalate):
-        under = dataclasses.replace(config, planned_rules=rules)
+        under = dataclasses.replace(config, planned_rules=rules, compiled_again_if_over=attempt < ATTEMPTS + escalate - 1)
         if margin:
             under = dataclasses.replace(under, memory_budget=("bytes", float(budget - margin)), held_budget=budget)
         planned: list[Analysis] = []
@@ -357,7 +357,7 @@ def _record_allocations(analysis: Analysis, tag: str, allocations: list, config:
     compiled = analysis.compiled_peak()
     if compiled is not None:
         report.emit_compiled_peak(analysis, compiled, config.report, analysis.compiled_peak(outputs_dropped=True),
-                                  held=config.held_budget)
+                                  held=config.held_budget, again=config.compiled_again_if_over)
 
 
 def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,

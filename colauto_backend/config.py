@@ -53,6 +53,7 @@ class Config:
     # bytes: the budget the user set, where the step is planned under less of it (backend._held_to_budget
     # keeps room for the memory model's error on the compiled code); the compiled peak is held to this one
     held_budget: int | None = None
+    compiled_again_if_over: bool = False   # the compile's caller compiles once more if its peak is over the budget
 
 
 # name in options= -> (environment variable, parser)

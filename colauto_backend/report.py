@@ -507,7 +507,7 @@ def emit_replanned(data: dict, setting: str | None) -> None:
 
 
 def emit_compiled_peak(analysis: "Analysis", compiled: tuple[int, str], setting: str | None,
-                       dropped: tuple[int, str] | None = None, held: int | None = None) -> None:
+                       dropped: tuple[int, str] | None = None, held: int | None = None, again: bool = False) -> None:
     """Once Inductor compiled every graph of a training step: the step's peak with those graphs run as
     their generated code allocates (`Analysis.compiled_peak`; `dropped`: the same where the script keeps
     only the loss), beside the memory model's prediction the plan was chosen by, one line per graph
@@ -522,7 +522,7 @@ def emit_compiled_peak(analysis: "Analysis", compiled: tuple[int, str], setting:
             "model_error_pct": 100 * (model / compiled[0] - 1) if compiled[0] else 0.0, "budget_bytes": budget,
             "planned_under_bytes": planned if planned != budget else None,
             "dropped_bytes": dropped[0] if dropped else None}
-    if budget is not None and compiled[0] > budget:
+    if budget is not None and compiled[0] > budget and not again:   # again: the caller compiles once more
         warn_once(render_compiled_peak(data))
     _emit_beside(setting, lambda: render_compiled_peak(data), ".compiled_peak.jsonl", "a",
                  lambda: json.dumps(data) + "\n")
