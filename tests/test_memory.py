@@ -272,6 +272,44 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
     assert sum(backend.REPLANNED.values()) == again    # the kept margin: one plan, one compile
 
 
+def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_compiled_code_is_over_the_budget(
+        tmp_path, monkeypatch):
+    """COLAUTO_PLANNED_RULES=auto (the default) on HF Qwen2 with codegen inductor on CPU, the CPU allocator
+    (`bench.cpu_peak`) the reference. At 0.8 of the way from the held state to the unplanned peak the step
+    compiles once, with Inductor's own horizontal fusions (none refused), and is measured under the budget.
+    At 0.6 those fusions take the compiled code 1.15 MiB over the budget (bench/results/cpu-2026-12-06-auto-rules):
+    the same plan is compiled again refusing them (counted, said in one line), and the step is measured
+    under the budget; the rules are kept with the plans, so a second launch compiles once, under both."""
+    from bench import cpu_peak
+    from colauto_backend import _torch_compat as compat, backend
+    from examples.hf_zoo import build_hf
+    monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
+    monkeypatch.delenv("COLAUTO_PLANNED_RULES", raising=False)
+    refused, again = sum(compat.RECOMPUTE_KEPT_APART.values()), sum(backend.FUSION_REFUSED_AGAIN.values())
+    rows = cpu_peak.points("qwen2", "inductor", [0.8, 0.6])
+    assert all("error" not in row for row in rows), rows
+    at8, at6 = rows[1], rows[2]
+    assert at8["measured_bytes"] <= at8["budget_bytes"], at8
+    assert at8["fusion_refused_again"] == 0 and at8["fusions_refused"] == 0 and at8["replanned"] == 0, at8
+    assert at6["measured_bytes"] <= at6["budget_bytes"], at6
+    assert at6["fusion_refused_again"] == 1 and at6["fusions_refused"] > 0 and at6["replanned"] == 0, at6
+    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 1
+    assert sum(compat.RECOMPUTE_KEPT_APART.values()) > refused
+    said = [json.loads(line) for line in open(tmp_path / "report.replanned.jsonl")]
+    assert [d["rules"] for d in said] == [["fusion", "reuse"]] and said[0]["over_bytes"] > 0, said
+    rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
+    assert rules == [["reuse"], ["reuse"], ["fusion", "reuse"]], rules    # 0.8, then 0.6 twice
+    torch.manual_seed(0)
+    model, make = build_hf("qwen2")               # a second launch: a fresh model, the same graph and budget
+    measured, _ = cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": at6["budget_bytes"]})
+    assert measured <= at6["budget_bytes"], (measured, at6)
+    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 1      # the kept rules: one compile
+    rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
+    assert rules[3:] == [["fusion", "reuse"]], rules
+
+
 def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would():
     """HF BART on CPU under codegen inductor at 19.8 MiB, just above the smallest peak the memory model finds
     (19.50 MiB plus headroom): that plan compiles to code peaking about 2 MiB higher, and no plan fits the
