@@ -6,6 +6,7 @@ model on it, partitions it, and hands the halves to the chosen code generation. 
 from __future__ import annotations
 
 import collections
+import copy
 import contextlib
 import dataclasses
 import functools
@@ -55,9 +56,10 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
 
 
 REPLANNED = counters.counter("steps planned again: the compiled code's peak was over the budget")
-ATTEMPTS = 3   # compiles of one step at most, the first included (one more where auto rules escalate)
+ATTEMPTS = 3   # compiles of one step at most, the first included (a backward compiled again under auto rules:
+               # `_codegen`, not counted)
 FUSION_REFUSED_AGAIN = counters.counter(
-    "steps compiled again refusing horizontal fusions of recomputation: the compiled code's peak was over the budget")
+    "backwards compiled again refusing horizontal fusions of recomputation: the compiled code's peak was over the budget")
 
 
 def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None,
@@ -70,7 +72,10 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     the budget is planned and compiled again under the budget less the model's error on it (compiled
     less modelled peak; up to ATTEMPTS compiles in all), counted (REPLANNED) and reported. The margin
     is kept (`plan_cache.store_margin`): a later launch plans under it at once, its caches (plan,
-    compiled step) keyed by that budget.
+    compiled step) keyed by that budget. Under auto planned rules (the default) the step is compiled
+    letting Inductor fuse recomputed ops horizontally; a backward that takes the step over the budget so
+    is compiled again refusing that (`_codegen`, counted in FUSION_REFUSED_AGAIN) before any re-plan,
+    and the rules are kept for later launches.
     The memory model the plan is chosen by misses what Inductor's scheduling adds: HF Mistral under
     codegen triton ran 77 MiB over a 14.5 GiB budget on an H100, with the compiled figure exact
     (bench/results/h100-2026-12-06-triton-recompute/); on CPU, HF BART under codegen inductor 4% over."""
@@ -86,15 +91,16 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     digest = plan_cache.margin_key(gm, example_inputs, (config.memory_budget, resolved.codegen, repr(device),
                                                        config.optimizer, sorted(config.planned_rules or ["auto"])))
     margin, kept_rules = plan_cache.load_margin(digest)
-    # auto: Inductor's horizontal fusions of recomputed ops are allowed first (the `reuse` rule alone) and
-    # refused (`fusion` too) only where they take the compiled code over the budget
+    # auto: Inductor's horizontal fusions of recomputed ops are allowed first (the `reuse` rule alone); a
+    # backward whose step they take over the budget is compiled again refusing them (`_codegen`)
     rules = config.planned_rules if config.planned_rules is not None else (kept_rules or frozenset({"reuse"}))
-    escalate = config.planned_rules is None and "fusion" not in rules
-    for attempt in range(ATTEMPTS + escalate):
-        under = dataclasses.replace(config, planned_rules=rules, compiled_again_if_over=attempt < ATTEMPTS + escalate - 1)
+    for attempt in range(ATTEMPTS):
+        under = dataclasses.replace(config, planned_rules=rules, compiled_again_if_over=attempt < ATTEMPTS - 1,
+                                    fusion_rule_over=budget if "fusion" not in rules else None)
         if margin:
             under = dataclasses.replace(under, memory_budget=("bytes", float(budget - margin)), held_budget=budget)
         planned: list[Analysis] = []
+        escalated = sum(FUSION_REFUSED_AGAIN.values())
         try:
             with compat.backward_compiled_now():
                 compiled = local_backend(under, on_analysis, planned_out=planned)(gm, example_inputs)
@@ -102,20 +108,15 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
             if not margin:
                 raise
             raise _unheld(budget, margin, error) from None
+        if sum(FUSION_REFUSED_AGAIN.values()) > escalated:    # kept: a later launch compiles under both at once
+            rules = rules | {"fusion"}
+            plan_cache.store_margin(digest, margin, rules)
         peak = planned[0].compiled_peak() if planned else None   # None: from torch's cache, or not generated
-        if peak is None or peak[0] <= budget or attempt == ATTEMPTS + escalate - 1:
+        if peak is None or peak[0] <= budget or attempt == ATTEMPTS - 1:
             return compiled
         running = [a for a in ANALYSES if a is not planned[0]]   # ANALYSES holds the graphs that run
         ANALYSES.clear()
         ANALYSES.extend(running)
-        if escalate and "fusion" not in rules:   # the same plan, its recomputation kept where it is needed
-            rules = rules | {"fusion"}
-            FUSION_REFUSED_AGAIN[resolved.codegen] += 1
-            kept = plan_cache.store_margin(digest, margin, rules)
-            report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": budget, "over_bytes": peak[0] - budget,
-                                   "planned_under_bytes": budget - margin, "kept": kept is None,
-                                   "rules": sorted(rules)}, resolved.report)
-            continue
         # the next plan's modelled peak must leave room for the model's error on this one (compiled less
         # modelled), which is about the same for the next: a plan under budget - margin may model well
         # below that, so the overshoot alone can leave the same plan (HF BART on CPU, 14 KiB over)
@@ -346,7 +347,8 @@ def rest_by_inductor(inputs: list) -> bool:
             and bool(triton_kernels.available()))
 
 
-def _record_allocations(analysis: Analysis, tag: str, allocations: list, config: cfg.Config) -> None:
+def _record_allocations(analysis: Analysis, tag: str, allocations: list, config: cfg.Config,
+                        again: bool = False) -> None:
     """Keep what the graph `tag`'s generated code allocates on its analysis (one wrapper: the graph's own;
     none: Inductor took the graph from its cache, or planned memory its own way); once every graph of
     the step has been read, report the compiled code's peak beside the model's."""
@@ -357,7 +359,7 @@ def _record_allocations(analysis: Analysis, tag: str, allocations: list, config:
     compiled = analysis.compiled_peak()
     if compiled is not None:
         report.emit_compiled_peak(analysis, compiled, config.report, analysis.compiled_peak(outputs_dropped=True),
-                                  held=config.held_budget, again=config.compiled_again_if_over)
+                                  held=config.held_budget, again=again or config.compiled_again_if_over)
 
 
 def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
@@ -404,15 +406,35 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
                                config.report)
         if inductor:
             refused = sum(compat.RECOMPUTE_KEPT_APART.values())
+            # auto rules held to a budget (`_held_to_budget`): a backward compiled with Inductor's horizontal
+            # fusions of recomputation whose step peaks over the budget is compiled again refusing them, from
+            # a copy taken before Inductor's passes rewrote the graph
+            limit = (config.fusion_rule_over if is_backward and analysis is not None and remat is not None
+                     and remat.recomputed and "fusion" not in remat.rules else None)
+            pristine = (copy.deepcopy(gm), list(inputs)) if limit is not None else None
+
+            def generate(gm, inputs, remat, allocations):
+                return compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
+                                                num_user_outputs=user_outputs,
+                                                own_buckets=scheduled is not None and scheduled.waits_moved > 0,
+                                                own_gathers=scheduled is not None and scheduled.gathers_prefetched > 0,
+                                                keep_order=scheduled is not None and scheduled.kept_in_order,
+                                                remat=remat, allocations=allocations)
             allocations: list | None = [] if analysis is not None else None
-            fn = compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
-                                          num_user_outputs=user_outputs,
-                                          own_buckets=scheduled is not None and scheduled.waits_moved > 0,
-                                          own_gathers=scheduled is not None and scheduled.gathers_prefetched > 0,
-                                          keep_order=scheduled is not None and scheduled.kept_in_order,
-                                          remat=remat, allocations=allocations)
+            fn = generate(gm, inputs, remat, allocations)
             if analysis is not None:
-                _record_allocations(analysis, "bwd" if is_backward else "fwd", allocations, config)
+                _record_allocations(analysis, "bwd" if is_backward else "fwd", allocations, config,
+                                    again=limit is not None)
+            peak = analysis.compiled_peak() if limit is not None else None
+            if pristine is not None and peak is not None and peak[0] > limit:
+                gm, inputs = pristine
+                remat = dataclasses.replace(remat, rules=remat.rules | {"fusion"})
+                FUSION_REFUSED_AGAIN[config.codegen] += 1
+                report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": limit, "over_bytes": peak[0] - limit,
+                                       "rules": sorted(remat.rules)}, config.report)
+                allocations = []
+                fn = generate(gm, inputs, remat, allocations)
+                _record_allocations(analysis, "bwd", allocations, config)
             if remat is not None and remat.recomputed:
                 report.emit_planned_rules({"recomputed": len(remat.recomputed), "rules": sorted(remat.rules),
                                            "fusions_refused": sum(compat.RECOMPUTE_KEPT_APART.values()) - refused},

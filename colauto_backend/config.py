@@ -54,6 +54,9 @@ class Config:
     # keeps room for the memory model's error on the compiled code); the compiled peak is held to this one
     held_budget: int | None = None
     compiled_again_if_over: bool = False   # the compile's caller compiles once more if its peak is over the budget
+    # bytes: under auto planned rules, a backward compiled with Inductor's horizontal fusions of recomputation
+    # whose step peaks above this is compiled again refusing them (backend._codegen)
+    fusion_rule_over: int | None = None
 
 
 # name in options= -> (environment variable, parser)

@@ -492,8 +492,8 @@ def render_replanned(data: dict) -> str:
     head = (f"colauto: the compiled code's peak {fmt_bytes(data['compiled_bytes'])} is over the budget "
             f"{fmt_bytes(data['budget_bytes'])} by {fmt_bytes(data['over_bytes'])}: ")
     if data.get("rules"):   # the same plan, compiled again under stricter rules (backend._held_to_budget)
-        return (head + f"compiled again with COLAUTO_PLANNED_RULES={','.join(data['rules'])} (Inductor's horizontal "
-                "fusions of recomputed ops refused)" + ("; later launches compile so at once" if data.get("kept") else ""))
+        return (head + f"its backward compiled again with COLAUTO_PLANNED_RULES={','.join(data['rules'])} (Inductor's "
+                "horizontal fusions of recomputed ops refused); later launches compile so at once")
     return (head + f"planned and compiled again under {fmt_bytes(data['planned_under_bytes'])}"
             + ("; later launches plan under it at once" if data.get("kept") else ""))
 

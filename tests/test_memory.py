@@ -278,7 +278,8 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     (`bench.cpu_peak`) the reference. At 0.8 of the way from the held state to the unplanned peak the step
     compiles once, with Inductor's own horizontal fusions (none refused), and is measured under the budget.
     At 0.6 those fusions take the compiled code 1.15 MiB over the budget (bench/results/cpu-2026-12-06-auto-rules):
-    the same plan is compiled again refusing them (counted, said in one line), and the step is measured
+    the same plan's backward is compiled again refusing them (counted, said in one line; from a copy of
+    the graph taken before Inductor's passes rewrote it), and the step is measured
     under the budget; the rules are kept with the plans, so a second launch compiles once, under both."""
     from bench import cpu_peak
     from colauto_backend import _torch_compat as compat, backend
@@ -300,14 +301,29 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     said = [json.loads(line) for line in open(tmp_path / "report.replanned.jsonl")]
     assert [d["rules"] for d in said] == [["fusion", "reuse"]] and said[0]["over_bytes"] > 0, said
     rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
-    assert rules == [["reuse"], ["reuse"], ["fusion", "reuse"]], rules    # 0.8, then 0.6 twice
+    assert rules == [["reuse"], ["fusion", "reuse"]], rules    # 0.8, then 0.6 (its backward compiled twice)
+    # the backward compiled again from its copy computes eager's loss and gradients (a launch with no kept rules)
+    import copy
+    from test_hf_models import assert_same, step
+    torch.manual_seed(0)
+    model, make = build_hf("qwen2")
+    batch, ref = make(8, 256), copy.deepcopy(model)
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path / "fresh"))
+    torch._dynamo.reset()
+    got = step(model, torch.compile(model, backend="colauto", options={"codegen": "inductor",
+                                                                        "memory_budget": at6["budget_bytes"]}), batch)
+    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 2
+    assert_same(got, step(ref, ref, batch), atol=1e-5)
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+    again += 1
     torch.manual_seed(0)
     model, make = build_hf("qwen2")               # a second launch: a fresh model, the same graph and budget
     measured, _ = cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": at6["budget_bytes"]})
     assert measured <= at6["budget_bytes"], (measured, at6)
     assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 1      # the kept rules: one compile
     rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
-    assert rules[3:] == [["fusion", "reuse"]], rules
+    assert rules[2:] == [["fusion", "reuse"], ["fusion", "reuse"]], rules   # the copy's, the kept rules'
+    assert json.loads(open(tmp_path / "report.replanned.jsonl").readlines()[-1])["rules"] == ["fusion", "reuse"]
 
 
 def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would():
