@@ -47,7 +47,8 @@ def test_gradients_equal_eager_under_budget_with_inductor(capsys):
     torch._dynamo.reset()
     capsys.readouterr()
     refused = sum(compat.RECOMPUTE_KEPT_APART.values())
-    loss = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=budget, report="1"))(*inputs)
+    loss = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=budget, report="1",
+                                                                 planned_rules="fusion,reuse"))(*inputs)
     loss.backward()
     lines = [line for line in capsys.readouterr().out.splitlines() if "COLAUTO_PLANNED_RULES" in line]
     assert len(lines) == 1 and "COLAUTO_PLANNED_RULES=fusion,reuse:" in lines[0], lines
@@ -264,7 +265,8 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
         return real_run(gm, inputs, **kwargs)
     monkeypatch.setattr(inductor_graph.GraphLowering, "codegen", codegen)
     monkeypatch.setattr(compat, "run_with_inductor", run)
-    compiled = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=int(0.9 * unplanned)))
+    compiled = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=int(0.9 * unplanned),
+                                                                    planned_rules="fusion,reuse"))
     with torch._inductor.config.patch(fx_graph_cache=False):    # lower every graph: no cache hit
         compiled(**kw).loss.backward()
     assert ANALYSES[-1].plan.recomputed
