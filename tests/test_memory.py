@@ -310,8 +310,10 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     batch, ref = make(8, 256), copy.deepcopy(model)
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path / "fresh"))
     torch._dynamo.reset()
-    got = step(model, torch.compile(model, backend="colauto", options={"codegen": "inductor",
-                                                                        "memory_budget": at6["budget_bytes"]}), batch)
+    from torch._inductor.utils import fresh_inductor_cache
+    with fresh_inductor_cache():   # no compiled step from torch's cache (an earlier run's): compiled here
+        got = step(model, torch.compile(model, backend="colauto", options={"codegen": "inductor",
+                                                                            "memory_budget": at6["budget_bytes"]}), batch)
     assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 2
     assert_same(got, step(ref, ref, batch), atol=1e-5)
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
