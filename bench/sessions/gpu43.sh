@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written 2026-12-06 (session 38). Where does the budgeted step lose its time? For each model=budget of
+# Written 2026-12-06 (session 38); not yet run (no machine came for it). Where does the budgeted step lose its time? For each model=budget of
 # PROFILE, Inductor and colauto (under the budget) with bench.kernel_profile: three blocks of 10 timed steps,
 # then two profiled steps (every kernel's GPU time, the timeline, busy vs span). Then the cold first
 # launches of gpu42.sh for MODELS (BLOOM under its budget, which never finished in session 37). Inductor's

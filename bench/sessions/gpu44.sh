@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written 2026-12-06 (session 38). COLAUTO_PLANNED_RULES=auto (the default since session 38: a step held to
+# Written 2026-12-06 (session 38); run in session 38 (h100-2026-12-06-auto-rules). COLAUTO_PLANNED_RULES=auto (the default since session 38: a step held to
 # the user's budget is compiled letting Inductor fuse recomputed ops horizontally, and again refusing that
 # only if the compiled code's peak is over the budget) against the former default (fusion,reuse) and plain
 # Inductor, in one call. For each model=budget of MODELS: mode inductor, then colauto under each setting of
