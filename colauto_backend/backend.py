@@ -88,15 +88,16 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
         return local_backend(config, on_analysis)(gm, example_inputs)
     device = resolve(resolved.device, first)
     budget = planner.resolve_budget(config.memory_budget, device.memory_bytes)
+    auto = config.planned_rules is None
     digest = plan_cache.margin_key(gm, example_inputs, (config.memory_budget, resolved.codegen, repr(device),
-                                                       config.optimizer, sorted(config.planned_rules or ["auto"])))
+                                                       config.optimizer, ["auto"] if auto else sorted(config.planned_rules)))
     margin, kept_rules = plan_cache.load_margin(digest)
     # auto: Inductor's horizontal fusions of recomputed ops are allowed first (the `reuse` rule alone); a
     # backward whose step they take over the budget is compiled again refusing them (`_codegen`)
     rules = config.planned_rules if config.planned_rules is not None else (kept_rules or frozenset({"reuse"}))
     for attempt in range(ATTEMPTS):
         under = dataclasses.replace(config, planned_rules=rules, compiled_again_if_over=attempt < ATTEMPTS - 1,
-                                    fusion_rule_over=budget if "fusion" not in rules else None)
+                                    fusion_rule_over=budget if auto and "fusion" not in rules else None)
         if margin:
             under = dataclasses.replace(under, memory_budget=("bytes", float(budget - margin)), held_budget=budget)
         planned: list[Analysis] = []
@@ -110,7 +111,8 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
             raise _unheld(budget, margin, error) from None
         if sum(FUSION_REFUSED_AGAIN.values()) > escalated:    # kept: a later launch compiles under both at once
             rules = rules | {"fusion"}
-            plan_cache.store_margin(digest, margin, rules)
+            if plan_cache.store_margin(digest, margin, rules) is None:
+                report.emit_rules_kept(sorted(rules), resolved.report)
         peak = planned[0].compiled_peak() if planned else None   # None: from torch's cache, or not generated
         if peak is None or peak[0] <= budget or attempt == ATTEMPTS - 1:
             return compiled
@@ -300,7 +302,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             compilers = [compat.cacheable(c) for c in compilers]
             key = compat.compile_cache_keyed(plan_cache.compile_key(
                 (config.memory_budget, repr(device), config.optimizer, unresolved.codegen, unused,
-                 sorted(cfg.rules_of(config)))))
+                 # auto's steps apart from a setting's: their backward may hold the fusion rule's code
+                 (["auto"] if config.fusion_rule_over is not None else []) + sorted(cfg.rules_of(config)))))
         hits = compat.compile_cache_hits()
         with key:
             compiled = compat.aot_autograd(
@@ -407,11 +410,16 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
         if inductor:
             refused = sum(compat.RECOMPUTE_KEPT_APART.values())
             # auto rules held to a budget (`_held_to_budget`): a backward compiled with Inductor's horizontal
-            # fusions of recomputation whose step peaks over the budget is compiled again refusing them, from
-            # a copy taken before Inductor's passes rewrote the graph
+            # fusions of recomputation whose step peaks over the budget, or whose peak was not read (Inductor
+            # took the graph from its cache), is compiled again refusing them, from a copy taken before
+            # Inductor's passes rewrote the graph (outside AOTAutograd's fake mode: a tensor constant the
+            # graph holds is real)
             limit = (config.fusion_rule_over if is_backward and analysis is not None and remat is not None
                      and remat.recomputed and "fusion" not in remat.rules else None)
-            pristine = (copy.deepcopy(gm), list(inputs)) if limit is not None else None
+            pristine = None
+            if limit is not None:
+                with compat.outside_fake_mode():
+                    pristine = (copy.deepcopy(gm), list(inputs))
 
             def generate(gm, inputs, remat, allocations):
                 return compat.run_with_inductor(gm, inputs, is_backward=is_backward, is_inference=is_inference,
@@ -426,12 +434,14 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
                 _record_allocations(analysis, "bwd" if is_backward else "fwd", allocations, config,
                                     again=limit is not None)
             peak = analysis.compiled_peak() if limit is not None else None
-            if pristine is not None and peak is not None and peak[0] > limit:
+            if pristine is not None and (peak is None or peak[0] > limit):
                 gm, inputs = pristine
                 remat = dataclasses.replace(remat, rules=remat.rules | {"fusion"})
-                FUSION_REFUSED_AGAIN[config.codegen] += 1
-                report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": limit, "over_bytes": peak[0] - limit,
-                                       "rules": sorted(remat.rules)}, config.report)
+                FUSION_REFUSED_AGAIN["peak over the budget" if peak is not None else "peak not read (Inductor's cache)"] += 1
+                if peak is not None:
+                    report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": limit,
+                                           "over_bytes": peak[0] - limit, "rules": sorted(remat.rules)}, config.report)
+                analysis.allocations.pop("bwd", None)   # the second compile's, or none (from Inductor's cache)
                 allocations = []
                 fn = generate(gm, inputs, remat, allocations)
                 _record_allocations(analysis, "bwd", allocations, config)

@@ -220,6 +220,8 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
     for key, raw in (options or {}).items():
         if key not in _FIELDS:
             raise ConfigError(f"options[{key!r}] is not a colauto option: use one of {', '.join(_FIELDS)}")
+        if raw is None:          # not set here (planned_rules: auto, not the text "none")
+            continue
         origin[key] = f"options[{key!r}]={raw!r}"
         text = str(raw)
         if key == "memory_budget" and isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw > 1:

@@ -493,9 +493,15 @@ def render_replanned(data: dict) -> str:
             f"{fmt_bytes(data['budget_bytes'])} by {fmt_bytes(data['over_bytes'])}: ")
     if data.get("rules"):   # the same plan, compiled again under stricter rules (backend._held_to_budget)
         return (head + f"its backward compiled again with COLAUTO_PLANNED_RULES={','.join(data['rules'])} (Inductor's "
-                "horizontal fusions of recomputed ops refused); later launches compile so at once")
+                "horizontal fusions of recomputed ops refused)")
     return (head + f"planned and compiled again under {fmt_bytes(data['planned_under_bytes'])}"
             + ("; later launches plan under it at once" if data.get("kept") else ""))
+
+
+def emit_rules_kept(rules: list[str], setting: str | None) -> None:
+    """COLAUTO_REPORT: the rules a step held to its budget needed, kept for later launches (plan_cache)."""
+    _emit_beside(setting, lambda: f"colauto: later launches compile this step with COLAUTO_PLANNED_RULES={','.join(rules)} at once",
+                 ".rules_kept.jsonl", "a", lambda: json.dumps({"rules": rules}) + "\n")
 
 
 def emit_replanned(data: dict, setting: str | None) -> None:

@@ -311,20 +311,45 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path / "fresh"))
     torch._dynamo.reset()
     from torch._inductor.utils import fresh_inductor_cache
+    options = {"codegen": "inductor", "memory_budget": at6["budget_bytes"]}
     with fresh_inductor_cache():   # no compiled step from torch's cache (an earlier run's): compiled here
-        got = step(model, torch.compile(model, backend="colauto", options={"codegen": "inductor",
-                                                                            "memory_budget": at6["budget_bytes"]}), batch)
-    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 2
-    assert_same(got, step(ref, ref, batch), atol=1e-5)
-    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+        got = step(model, torch.compile(model, backend="colauto", options=options), batch)
+        assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 2
+        assert_same(got, step(ref, ref, batch), atol=1e-5)
+        # a backward whose code's allocations were not read (as when Inductor loads it from its cache) is
+        # not trusted: compiled again under the rule (its first reading is dropped here, as a hit has none)
+        monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
+        unread = backend.FUSION_REFUSED_AGAIN["peak not read (Inductor's cache)"]
+        record, dropped = backend._record_allocations, []
+
+        def unread_once(analysis, tag, allocations, config, again=False):
+            if tag == "bwd" and not dropped:
+                dropped.append(tag)
+                return
+            record(analysis, tag, allocations, config, again)
+        monkeypatch.setattr(backend, "_record_allocations", unread_once)
+        torch._dynamo.reset()
+        assert_same(step(model, torch.compile(model, backend="colauto", options=options), batch),
+                    step(ref, ref, batch), atol=1e-5)
+        assert dropped and backend.FUSION_REFUSED_AGAIN["peak not read (Inductor's cache)"] == unread + 1
+        monkeypatch.setattr(backend, "_record_allocations", record)
+        # rules set by the user are theirs: `reuse` is never compiled again under the fusion rule
+        before = sum(backend.FUSION_REFUSED_AGAIN.values())
+        torch._dynamo.reset()
+        step(model, torch.compile(model, backend="colauto", options=dict(options, planned_rules="reuse")), batch)
+        assert sum(backend.FUSION_REFUSED_AGAIN.values()) == before
+        monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
     again += 1
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+    again = sum(backend.FUSION_REFUSED_AGAIN.values())
     torch.manual_seed(0)
     model, make = build_hf("qwen2")               # a second launch: a fresh model, the same graph and budget
     measured, _ = cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": at6["budget_bytes"]})
     assert measured <= at6["budget_bytes"], (measured, at6)
-    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 1      # the kept rules: one compile
+    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again          # the kept rules: one compile
     rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
-    assert rules[2:] == [["fusion", "reuse"], ["fusion", "reuse"]], rules   # the copy's, the kept rules'
+    # the fresh launch's copy, the unread backward's copy, the user's `reuse`, the kept rules
+    assert rules[2:] == [["fusion", "reuse"], ["fusion", "reuse"], ["reuse"], ["fusion", "reuse"]], rules
     assert json.loads(open(tmp_path / "report.replanned.jsonl").readlines()[-1])["rules"] == ["fusion", "reuse"]
 
 

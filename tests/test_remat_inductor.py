@@ -316,3 +316,38 @@ def test_a_recomputation_runs_before_its_reader_not_fused_into_earlier_work():
     assert calls[None] == ["kernel", "mm", "mm"]   # Inductor alone: both computed before the first matmul
     assert calls[frozenset({"fusion", "reuse"})] == ["kernel", "mm", "kernel", "mm"]
     assert calls[frozenset({"reuse"})] == ["kernel", "mm", "mm"]
+
+
+def test_a_backward_holding_a_tensor_constant_is_compiled_under_auto_rules(monkeypatch):
+    """Under COLAUTO_PLANNED_RULES=auto a budgeted backward is copied before Inductor compiles it (to compile
+    it again under the fusion rule if its step peaks over the budget). AOTAutograd compiles the backward
+    under its FakeTensorMode, where copying a graph that holds a tensor constant (a `torch.tensor` made in
+    forward) failed: "Attempted to set the storage of a tensor on device "meta" to a storage on different
+    device "cpu"" (found in review, 2026-12-06). The copy is made outside the fake mode: the step trains like
+    eager."""
+    monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(256, 256) for _ in range(4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = torch.sin(layer(x)) * torch.tensor([0.5, 1.5] * 128)
+            return x.pow(2).sum()
+    torch.manual_seed(0)
+    model, x = Scaled(), torch.randn(4096, 256)
+    budget = int(colauto_backend.explain(model, x, budget="none", options=OPTIONS).peak_without_bytes * 0.8)
+    loss_ref = model(x)
+    loss_ref.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    from colauto_backend.backend import ANALYSES
+    loss = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=budget))(x)
+    loss.backward()
+    assert ANALYSES[-1].recomputed
+    torch.testing.assert_close(loss, loss_ref, atol=1e-4, rtol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref[n], atol=1e-4, rtol=1e-4, msg=n)
