@@ -462,22 +462,19 @@ def _allocations(code) -> list[tuple[int, str, str]]:
     # it runs; the lines that take each out of its tuple may come later, after other kernels (Inductor
     # schedules them as nodes of their own): each output is placed right after its kernel's line (HF OPT
     # on CPU: the compiled figure was 0.5 MiB low of the CPU allocator's peak, 2026-12-06).
-    events: list[tuple[tuple[int, int], tuple[int, str, str]]] = []    # (order, event)
-    at: dict[str, list[int]] = {}       # a multi-output kernel's buffer -> [its line's index, outputs placed]
+    events: list[tuple[tuple[int, int], tuple[int, str, str]]] = []    # ((anchor line, line), event)
+    at: dict[str, int] = {}             # a kernel's buffer -> its line
     for i, line in enumerate(code.lines):
         if isinstance(line, (wrapper.AllocateLine, wrapper.ExternKernelAllocLine)):
-            events.append(((i, 0), (nbytes(line.node), "", named(line.node))))
-            at[line.node.get_name()] = [i, 0]
+            events.append(((i, i), (nbytes(line.node), "", named(line.node))))
+            at[line.node.get_name()] = i
         elif isinstance(line, wrapper.MultiOutputLine):
             buf = V.graph.get_buffer(line.result_name)
-            parent = at.get(line.arg_name)
-            if parent is not None:
-                parent[1] += 1
-            events.append(((parent[0], parent[1]) if parent is not None else (i, 0), (nbytes(buf), "", named(buf))))
+            events.append(((at.get(line.arg_name, i), i), (nbytes(buf), "", named(buf))))
         elif isinstance(line, wrapper.FreeIfNotReusedLine) and not line.is_reused:
-            events.append(((i, 0), (-nbytes(line.node), "", named(line.node))))
+            events.append(((i, i), (-nbytes(line.node), "", named(line.node))))
         elif isinstance(line, wrapper.FreeLine) and line.node.get_name() in V.graph.graph_inputs:
-            events.append(((i, 0), (0, line.node.get_name(), line.node.get_name())))
+            events.append(((i, i), (0, line.node.get_name(), line.node.get_name())))
     return [event for _, event in sorted(events, key=lambda e: e[0])]
 
 

@@ -55,6 +55,9 @@ class Analysis:
     # per graph ("fwd", "bwd") Inductor compiled: what its generated code allocates and frees
     # (`compat.wrapper_allocations`), recorded when it is compiled; read by `compiled_peak`
     allocations: dict[str, list[tuple[int, str, str]]] = dataclasses.field(default_factory=dict)
+    # the planned-graph rules the backward was finally compiled under, where `backend._codegen` compiled it
+    # again under the fusion rule (auto rules: its step peaked over the budget); None where it was not
+    recompiled_rules: frozenset[str] | None = None
 
     def compiled_peak(self, outputs_dropped: bool = False) -> tuple[int, str] | None:
         """The step's peak (bytes, where) at the compile's sizes with each graph run as Inductor's

@@ -94,14 +94,13 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     margin, kept_rules = plan_cache.load_margin(digest)
     # auto: Inductor's horizontal fusions of recomputed ops are allowed first (the `reuse` rule alone); a
     # backward whose step they take over the budget is compiled again refusing them (`_codegen`)
-    rules = config.planned_rules if config.planned_rules is not None else (kept_rules or frozenset({"reuse"}))
+    rules = config.planned_rules if not auto else (kept_rules or frozenset({"reuse"}))
     for attempt in range(ATTEMPTS):
         under = dataclasses.replace(config, planned_rules=rules, compiled_again_if_over=attempt < ATTEMPTS - 1,
                                     fusion_rule_over=budget if auto and "fusion" not in rules else None)
         if margin:
             under = dataclasses.replace(under, memory_budget=("bytes", float(budget - margin)), held_budget=budget)
         planned: list[Analysis] = []
-        escalated = sum(FUSION_REFUSED_AGAIN.values())
         try:
             with compat.backward_compiled_now():
                 compiled = local_backend(under, on_analysis, planned_out=planned)(gm, example_inputs)
@@ -109,8 +108,8 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
             if not margin:
                 raise
             raise _unheld(budget, margin, error) from None
-        if sum(FUSION_REFUSED_AGAIN.values()) > escalated:    # kept: a later launch compiles under both at once
-            rules = rules | {"fusion"}
+        if planned and planned[0].recompiled_rules is not None:   # kept: a later launch compiles so at once
+            rules = planned[0].recompiled_rules
             if plan_cache.store_margin(digest, margin, rules) is None:
                 report.emit_rules_kept(sorted(rules), resolved.report)
         peak = planned[0].compiled_peak() if planned else None   # None: from torch's cache, or not generated
@@ -125,7 +124,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
         modelled = planned[0].evaluate(planned[0].hints)["peak_memory_bytes"]
         margin = max(margin + peak[0] - budget, peak[0] - modelled)
         REPLANNED[resolved.codegen] += 1
-        kept = plan_cache.store_margin(digest, margin, rules if config.planned_rules is None else None)
+        kept = plan_cache.store_margin(digest, margin, rules if auto else None)
         report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": budget, "over_bytes": peak[0] - budget,
                                "planned_under_bytes": budget - margin, "kept": kept is None},
                               resolved.report)
@@ -442,6 +441,7 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
                     report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": limit,
                                            "over_bytes": peak[0] - limit, "rules": sorted(remat.rules)}, config.report)
                 analysis.allocations.pop("bwd", None)   # the second compile's, or none (from Inductor's cache)
+                analysis.recompiled_rules = remat.rules
                 allocations = []
                 fn = generate(gm, inputs, remat, allocations)
                 _record_allocations(analysis, "bwd", allocations, config)
