@@ -2,6 +2,7 @@
 
     python -m bench.remat_sweep --models gpt2:124m:16:1024 --out bench/results/<dir>
     python -m bench.remat_sweep --models hf/qwen2:bench:8:1024 --out bench/results/<dir>
+    python -m bench.remat_sweep --out bench/results/<dir> --replot <dir>/*/sweep.json   # merge, plot
 
 Per model: colauto (Inductor codegen, so plans are compared, not kernels) at budgets that leave 100%,
 75% and 50% of the unconstrained activation memory (predicted peak minus parameters, gradients and
@@ -105,6 +106,7 @@ def best_inductor_at_or_below(rows, r) -> float | None:
 
 
 def plot(rows, path: Path) -> None:
+    """One panel per model: tokens/s against measured peak, a curve per system."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -112,19 +114,45 @@ def plot(rows, path: Path) -> None:
     except ImportError:
         print("matplotlib is not installed: skipped the Pareto plot")
         return
-    fig, ax = plt.subplots(figsize=(8, 5))
     ok = [r for r in rows if not r["error"]]
-    for key in sorted({(r["model"], r["size"], r["system"]) for r in ok}):
-        pts = sorted(((r["peak_bytes"] or 0) / GiB, r["tokens_per_s"]) for r in ok
-                     if (r["model"], r["size"], r["system"]) == key)
-        ax.plot(*zip(*pts), "o-" if key[2] == "colauto" else "s--", label=" ".join(key))
-    ax.set_xlabel("measured peak memory (GiB)")
-    ax.set_ylabel("tokens/s")
-    ax.set_title("memory budget sweep: colauto plans vs Inductor activation_memory_budget")
-    ax.legend(fontsize=8)
+    models = sorted({(r["model"], r["size"], r["batch"]) for r in ok})
+    if not models:
+        return
+    cols = min(3, len(models))
+    nrows = -(-len(models) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.8 * nrows), squeeze=False)
+    for ax, model in zip(axes.flat, models):
+        for system in ("colauto", "inductor"):
+            pts = sorted(((r["peak_bytes"] or 0) / GiB, r["tokens_per_s"], r["setting"]) for r in ok
+                         if (r["model"], r["size"], r["batch"]) == model and r["system"] == system)
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if system == "colauto" else "s--",
+                    label=system if system == "colauto" else "inductor activation_memory_budget")
+            for x, y, label in pts:
+                ax.annotate(str(label), (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
+        ax.set_title(f"{model[0]} {model[1]} B{model[2]}", fontsize=9)
+        ax.set_xlabel("measured peak (GiB)")
+        ax.set_ylabel("tokens/s")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis("off")
+    fig.suptitle("memory budget sweep: colauto plans vs Inductor activation_memory_budget", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def replot(sources: list[str], out: Path) -> int:
+    """Merge the sweep.json files of earlier runs into one sweep.md and one plot (--replot)."""
+    rows = []
+    for src in sources:
+        rows += json.loads(Path(src).read_text())["rows"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.md").write_text(markdown(rows))
+    plot(rows, out / "sweep.png")
+    print(markdown(rows))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -136,7 +164,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--replot", nargs="+", metavar="SWEEP_JSON",
+                    help="run nothing: merge these sweep.json files into --out's sweep.md and sweep.png")
     args = ap.parse_args(argv)
+    if args.replot:
+        return replot(args.replot, Path(args.out))
     args.points = [p.strip() for p in args.points.split(",") if p.strip()]
     if bad := [p for p in args.points if p != "smallest" and not p.isdigit()]:
         ap.error(f"--points {bad}: use percentages (100,75,50) and/or smallest")
@@ -144,7 +176,7 @@ def main(argv=None) -> int:
     args.dtype = "bf16" if args.device == "cuda" else "fp32"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = environment(args, sys.argv[1:] if argv is None else list(argv))
+    env = environment(args, sys.argv[1:] if argv is None else list(argv), prog="bench.remat_sweep")
     rows = []
     for spec in args.models:
         model, make_inputs, _ = build_model(spec, args.device)

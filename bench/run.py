@@ -308,7 +308,7 @@ def run_one(spec: dict, mode: str, args) -> dict:
     return row
 
 
-def environment(args, argv: list[str]) -> dict:
+def environment(args, argv: list[str], prog: str = "bench.run") -> dict:
     try:
         import triton
         triton_version = triton.__version__
@@ -318,7 +318,7 @@ def environment(args, argv: list[str]) -> dict:
                 device=device_name(args.device),
                 gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                hostname=socket.gethostname(), command="python -m bench.run " + shlex.join(argv),
+                hostname=socket.gethostname(), command=f"python -m {prog} " + shlex.join(argv),
                 colauto_codegen_env=os.environ.get("COLAUTO_CODEGEN"),
                 dtype=args.dtype, steps=args.steps, warmup=args.warmup)
 

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "check.json").write_text(json.dumps(dict(environment=environment(args, []), rows=rows), indent=1) + "\n")
+    (out / "check.json").write_text(json.dumps(dict(environment=environment(args, [], prog="bench.saved_check"), rows=rows), indent=1) + "\n")
     return 0
 
 
