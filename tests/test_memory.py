@@ -205,6 +205,41 @@ def test_compiled_peak_frees_an_input_storage_once_every_input_holding_it_is_fre
     assert memory.compiled_peak(tl, {}, np.array([1.0])) == (12, "optimizer")
 
 
+def test_compiled_peak_counts_an_input_the_forward_returned_as_a_copy():
+    """`memory.compiled_peak` by hand: the forward returns its input `x` as a 6-byte copy of its own
+    (Inductor's channels-last copy of a convolution's input, saved for backward: `compat.returned_copies`).
+    The model has `x` as the user's storage, so the backward starts from the model's 10 bytes plus the
+    copy's 6, which die when the backward frees `x`. Events +5, del x, +3: peak 21 at the +5; without
+    the copy's event, 18 at the +3."""
+    import numpy as np
+    from colauto_backend.cost import memory
+    tl = memory.Timeline(rows=np.array([[3.0], [11.0]]), labels=["start", "optimizer"],
+                         params=0, grads=0, optimizer_state=0, saved=0, saved_nodes=[], inputs=0,
+                         before={"fwd": np.array([3.0]), "bwd": np.array([10.0])}, freeable={})
+    fwd = [(6, "", "buf0 (x)"), (6, memory.RETURNED_COPY + "x", "buf0 (x)")]
+    bwd = [(5, "", "y"), (0, "x", "x"), (3, "", "z")]
+    assert memory.compiled_peak(tl, {"fwd": fwd, "bwd": bwd}, np.array([1.0])) == (21, "bwd:y (compiled)")
+    assert memory.compiled_peak(tl, {"fwd": fwd[:1], "bwd": bwd}, np.array([1.0])) == (18, "bwd:z (compiled)")
+
+
+def test_convolution_input_copies_count_in_the_compiled_peak_and_hold_the_budget():
+    """HF ViT under codegen inductor on CPU, against the CPU allocator (`bench.cpu_peak`). Inductor lays its
+    patch convolution's input and weight out channels-last in copies, and returns those copies for the
+    backward in place of the inputs; the compiled figure missed them (at 0.8 of the way to the unplanned
+    peak: 1.68 MiB against 1.82 measured, over the 1.817 MiB budget, 2026-12-06). Now the compiled figure
+    is within 2% of the allocator's and the step is held under the budget. The memory model itself knows
+    nothing of these copies and stays low (-6.7% unplanned). Not covered: the work space aten allocates
+    inside a convolution's backward, which no wrapper shows (HF ResNet under this suite's settings: the
+    compiled figure -4.2%, 2026-12-07)."""
+    from bench import cpu_peak
+    rows = cpu_peak.points("vit", "inductor", [0.8])
+    assert [r["fraction"] for r in rows] == [None, 0.8], rows
+    for row in rows:
+        assert "error" not in row, row
+        assert row["compiled_bytes"] == pytest.approx(row["measured_bytes"], rel=0.02), row
+        assert not row["over_budget"], row
+
+
 def test_a_compiled_peak_over_the_budget_is_warned_and_reported(capsys):
     """`report.emit_compiled_peak`: the compiled code's peak and the model's, as COLAUTO_REPORT prints them;
     over the plan's budget, a warning names the excess and the fix, whatever the report setting."""

@@ -544,6 +544,11 @@ def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indice
                     unread_outputs={t: padded(v) for t, v in sim.unread_outputs.items()})
 
 
+# An event of a graph's wrapper (`compat.wrapper_allocations`) whose "freed" field starts with this names an
+# input the graph returned as a copy of its own: the copy's bytes stay in use into the graph that reads it.
+RETURNED_COPY = "returned as a copy: "
+
+
 def compiled_peak(tl: Timeline, allocations: dict[str, list[tuple[int, str, str]]], values: np.ndarray,
                   alloc_round: int = 1, outputs_dropped: bool = False) -> tuple[int, str]:
     """The step's peak (bytes, where) with the graphs Inductor compiled run as their generated code
@@ -575,6 +580,12 @@ def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, s
             start -= float(tl.unread_outputs[tag] @ values)
             freeable = freeable + tl.freeable_if_dropped[tag]
         groups = [(float(v @ values), ns) for v, ns in freeable]
+        # the inputs an earlier graph returned as copies of its own (compat.returned_copies): the model has
+        # them as the inputs' storages, held elsewhere; the copies are extra, until this graph drops them
+        copies = [(float(nb), (freed[len(RETURNED_COPY):],)) for earlier in allocations.values() if earlier is not events
+                  for nb, freed, _ in earlier if freed.startswith(RETURNED_COPY)] if tag == "bwd" else []
+        start += sum(nb for nb, _ in copies)
+        groups += copies
         peak, at = _replay(events, start, groups, alloc_round)
         if peak > best[0] and at is not None:   # replayed again to the peak, for what is live there
             buffers, held = _replay(events[:at + 1], start, groups, alloc_round, live=True)
