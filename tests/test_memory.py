@@ -312,10 +312,14 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     """COLAUTO_PLANNED_RULES=auto (the default) on HF Qwen2 with codegen inductor on CPU, the CPU allocator
     (`bench.cpu_peak`) the reference. At 0.8 of the way from the held state to the unplanned peak the step
     compiles once, with Inductor's own horizontal fusions (none refused), and is measured under the budget.
-    At 0.6 those fusions take the compiled code 1.15 MiB over the budget (bench/results/cpu-2026-12-06-auto-rules):
+    At 0.65 those fusions take the compiled code over the budget (at 0.6 by 1.15 MiB, bench/results/cpu-2026-12-06-auto-rules):
     the same plan's backward is compiled again refusing them (counted, said in one line; from a copy of
     the graph taken before Inductor's passes rewrote it), and the step is measured
-    under the budget; the rules are kept with the plans, so a second launch compiles once, under both."""
+    under the budget; the rules are kept with the plans, so a second launch compiles once, under both.
+    The escalation is Inductor 2.13's: its horizontal fusions take this step over the budget at 0.65 (and
+    0.6, 0.7), torch 2.11's do not (15.01 MiB measured at 0.65, compiled -0.1%; 0.6 is below its smallest
+    plan, 2026-12-07). Under 2.11 the test checks the step is held without the second compile; the
+    escalation forced by an unread peak is checked under both."""
     from bench import cpu_peak
     from colauto_backend import _torch_compat as compat, backend
     from examples.hf_zoo import build_hf
@@ -324,19 +328,22 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
     monkeypatch.delenv("COLAUTO_PLANNED_RULES", raising=False)
     refused, again = sum(compat.RECOMPUTE_KEPT_APART.values()), sum(backend.FUSION_REFUSED_AGAIN.values())
-    rows = cpu_peak.points("qwen2", "inductor", [0.8, 0.6])
+    esc = 1 if compat.torch_at_least(2, 13) else 0     # whether Inductor's fusions break the budget (above)
+    rows = cpu_peak.points("qwen2", "inductor", [0.8, 0.65])
     assert all("error" not in row for row in rows), rows
     at8, at6 = rows[1], rows[2]
     assert at8["measured_bytes"] <= at8["budget_bytes"], at8
     assert at8["fusion_refused_again"] == 0 and at8["fusions_refused"] == 0 and at8["replanned"] == 0, at8
     assert at6["measured_bytes"] <= at6["budget_bytes"], at6
-    assert at6["fusion_refused_again"] == 1 and at6["fusions_refused"] > 0 and at6["replanned"] == 0, at6
-    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 1
-    assert sum(compat.RECOMPUTE_KEPT_APART.values()) > refused
-    said = [json.loads(line) for line in open(tmp_path / "report.replanned.jsonl")]
-    assert [d["rules"] for d in said] == [["fusion", "reuse"]] and said[0]["over_bytes"] > 0, said
+    assert at6["fusion_refused_again"] == esc and (at6["fusions_refused"] > 0) == bool(esc), at6
+    assert at6["replanned"] == 0, at6
+    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + esc
+    assert (sum(compat.RECOMPUTE_KEPT_APART.values()) > refused) == bool(esc)
+    said = [json.loads(line) for line in open(tmp_path / "report.replanned.jsonl")] if esc else []
+    assert not esc or ([d["rules"] for d in said] == [["fusion", "reuse"]] and said[0]["over_bytes"] > 0), said
     rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
-    assert rules == [["reuse"], ["fusion", "reuse"]], rules    # 0.8, then 0.6 (its backward compiled twice)
+    # 0.8, then 0.65 (its backward compiled twice where it escalated)
+    assert rules == [["reuse"], ["fusion", "reuse"] if esc else ["reuse"]], rules
     # the backward compiled again from its copy computes eager's loss and gradients (a launch with no kept rules)
     import copy
     from test_hf_models import assert_same, step
@@ -349,7 +356,7 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     options = {"codegen": "inductor", "memory_budget": at6["budget_bytes"]}
     with fresh_inductor_cache():   # no compiled step from torch's cache (an earlier run's): compiled here
         got = step(model, torch.compile(model, backend="colauto", options=options), batch)
-        assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 2
+        assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 2 * esc
         assert_same(got, step(ref, ref, batch), atol=1e-5)
         # a backward whose code's allocations were not read (as when Inductor loads it from its cache) is
         # not trusted: compiled again under the rule (its first reading is dropped here, as a hit has none)
@@ -384,8 +391,10 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again          # the kept rules: one compile
     rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
     # the fresh launch's copy, the unread backward's copy, the user's `reuse`, the kept rules
-    assert rules[2:] == [["fusion", "reuse"], ["fusion", "reuse"], ["reuse"], ["fusion", "reuse"]], rules
-    assert json.loads(open(tmp_path / "report.replanned.jsonl").readlines()[-1])["rules"] == ["fusion", "reuse"]
+    kept = ["fusion", "reuse"] if esc else ["reuse"]
+    assert rules[2:] == [kept, ["fusion", "reuse"], ["reuse"], kept], rules
+    if esc:     # an escalation for a peak over the budget is said in one line (an unread peak's is counted only)
+        assert json.loads(open(tmp_path / "report.replanned.jsonl").readlines()[-1])["rules"] == ["fusion", "reuse"]
 
 
 def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would():
