@@ -82,3 +82,28 @@ def test_attention_presets_are_the_fit_of_the_committed_profiles():
     assert round(attention_fit.dropout_factor(points, rate, overhead), 2) == PRESETS["h200"].attention_dropout_factor
     errors = [abs(p["rate"] / attention_fit.model_rate(p, rate, overhead) - 1) for p in points if not p["dropout"]]
     assert sum(e > 0.10 for e in errors) <= 1, errors
+
+
+def test_remat_sweep_replot_merges_the_committed_sweeps(tmp_path):
+    """`python -m bench.remat_sweep --replot` (the command in bench/results/h200-2026-12-06-remat-sweep/README.md)
+    runs nothing: it merges the per-model sweep.json files into one table, the same rows in the same order,
+    and names for each colauto point the best Inductor throughput at an equal or lower measured peak."""
+    import glob
+    import os
+    from bench import remat_sweep
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "results",
+                        "h200-2026-12-06-remat-sweep")
+    sources = sorted(glob.glob(os.path.join(root, "*", "sweep.json")))
+    assert len(sources) == 6
+    assert remat_sweep.main(["--out", str(tmp_path), "--replot", *sources]) == 0
+    lines = (tmp_path / "sweep.md").read_text().splitlines()
+    rows = [r for src in sources for r in json.load(open(src))["rows"]]
+    assert len(lines) == 2 + len(rows)
+    for line, r in zip(lines[2:], rows):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2:4] == [r["system"], str(r["setting"])], (line, r)
+        assert cells[4] == f"{r['tokens_per_s']:,.0f}"
+        rival = [x["tokens_per_s"] for x in rows if x["system"] == "inductor" and x["model"] == r["model"]
+                 and x["size"] == r["size"] and x["peak_bytes"] <= r["peak_bytes"]]
+        if r["system"] == "colauto":   # by hand: the best Inductor point at or below this peak, or none
+            assert cells[9] == (f"{max(rival):,.0f}" if rival else ""), (line, rival)
