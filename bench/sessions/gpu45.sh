@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written 2026-12-06 (session 39). Issue 16's must-show 3: colauto's budgets at 100% and 50% of the
+# Written 2026-12-06 (session 39); run in session 39 (h200-2026-12-06-remat-sweep, three calls). Issue 16's must-show 3: colauto's budgets at 100% and 50% of the
 # predicted activation memory (codegen inductor, COLAUTO_PLANNED_RULES at its default, auto) beside
 # Inductor's activation_memory_budget sweep, in one process per model (bench.remat_sweep: sweep.json,
 # sweep.md, sweep.png). MODELS: bench.run specs; POINTS, IBUDGETS: remat_sweep's --points and
