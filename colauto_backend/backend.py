@@ -437,9 +437,9 @@ def _codegen(config: cfg.Config, user_outputs: int, inductor_rest: bool = False,
                 gm, inputs = pristine
                 remat = dataclasses.replace(remat, rules=remat.rules | {"fusion"})
                 FUSION_REFUSED_AGAIN["peak over the budget" if peak is not None else "peak not read (Inductor's cache)"] += 1
-                if peak is not None:
-                    report.emit_replanned({"compiled_bytes": peak[0], "budget_bytes": limit,
-                                           "over_bytes": peak[0] - limit, "rules": sorted(remat.rules)}, config.report)
+                report.emit_replanned({"compiled_bytes": None if peak is None else peak[0], "budget_bytes": limit,
+                                       "over_bytes": None if peak is None else peak[0] - limit,
+                                       "rules": sorted(remat.rules)}, config.report)
                 analysis.allocations.pop("bwd", None)   # the second compile's, or none (from Inductor's cache)
                 analysis.recompiled_rules = remat.rules
                 allocations = []

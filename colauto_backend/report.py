@@ -489,8 +489,12 @@ def render_compiled_peak(data: dict) -> str:
 
 
 def render_replanned(data: dict) -> str:
-    head = (f"colauto: the compiled code's peak {fmt_bytes(data['compiled_bytes'])} is over the budget "
-            f"{fmt_bytes(data['budget_bytes'])} by {fmt_bytes(data['over_bytes'])}: ")
+    if data.get("compiled_bytes") is None:   # Inductor took the backward from its cache: no code was read
+        head = (f"colauto: the compiled code's peak could not be read (Inductor took the backward from its cache), "
+                f"so it cannot be held to the budget {fmt_bytes(data['budget_bytes'])}: ")
+    else:
+        head = (f"colauto: the compiled code's peak {fmt_bytes(data['compiled_bytes'])} is over the budget "
+                f"{fmt_bytes(data['budget_bytes'])} by {fmt_bytes(data['over_bytes'])}: ")
     if data.get("rules"):   # the same plan, compiled again under stricter rules (backend._held_to_budget)
         return (head + f"its backward compiled again with COLAUTO_PLANNED_RULES={','.join(data['rules'])} (Inductor's "
                 "horizontal fusions of recomputed ops refused)")
@@ -505,7 +509,8 @@ def emit_rules_kept(rules: list[str], setting: str | None) -> None:
 
 
 def emit_replanned(data: dict, setting: str | None) -> None:
-    """A step whose compiled code's peak was over the budget, planned again (backend._held_to_budget):
+    """A step whose compiled code's peak was over the budget (or, for a backward compiled again under the
+    fusion rule, could not be read), planned or compiled again (backend._held_to_budget, backend's run):
     warned once whatever the setting (its compile took twice), and with COLAUTO_REPORT a line (JSON:
     appended lines)."""
     warn_once(render_replanned(data))
