@@ -497,10 +497,11 @@ def returned_copies() -> list[tuple[str, Any]]:
         return []
     args = outputs[0].args[0]
     args = args if isinstance(args, (tuple, list)) else (args,)
-    found = []
+    found, seen = [], set()
     for arg, name in zip(args, V.graph.get_output_names()):
         if (isinstance(arg, torch.fx.Node) and arg.op == "placeholder" and name != arg.name
-                and name not in V.graph.graph_inputs and name in V.graph.name_to_buffer):
+                and name not in V.graph.graph_inputs and name in V.graph.name_to_buffer and name not in seen):
+            seen.add(name)      # one buffer in two output slots is one storage
             found.append((arg.name, V.graph.get_buffer(name)))
     return found
 

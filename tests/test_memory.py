@@ -213,13 +213,43 @@ def test_compiled_peak_counts_an_input_the_forward_returned_as_a_copy():
     the copy's event, 18 at the +3."""
     import numpy as np
     from colauto_backend.cost import memory
-    tl = memory.Timeline(rows=np.array([[3.0], [11.0]]), labels=["start", "optimizer"],
+    tl = memory.Timeline(rows=np.array([[3.0], [5.0]]), labels=["start", "optimizer"],
                          params=0, grads=0, optimizer_state=0, saved=0, saved_nodes=[], inputs=0,
                          before={"fwd": np.array([3.0]), "bwd": np.array([10.0])}, freeable={})
     fwd = [(6, "", "buf0 (x)"), (6, memory.RETURNED_COPY + "x", "buf0 (x)")]
     bwd = [(5, "", "y"), (0, "x", "x"), (3, "", "z")]
     assert memory.compiled_peak(tl, {"fwd": fwd, "bwd": bwd}, np.array([1.0])) == (21, "bwd:y (compiled)")
     assert memory.compiled_peak(tl, {"fwd": fwd[:1], "bwd": bwd}, np.array([1.0])) == (18, "bwd:z (compiled)")
+    # the forward's own replay skips the event: its peak is 3 + 6 = 9 (the backward's start raised above it)
+    tl.before["bwd"] = np.array([0.0])
+    assert memory.compiled_peak(tl, {"fwd": fwd, "bwd": []}, np.array([1.0])) == (9, "fwd:buf0 (compiled)")
+    tl.before["bwd"] = np.array([10.0])
+    # a copy the backward never takes (returned to the user) is not the backward's: 18 again
+    other = fwd + [(7, memory.RETURNED_COPY + "w", "buf1 (w)")]
+    assert memory.compiled_peak(tl, {"fwd": other, "bwd": bwd}, np.array([1.0]))[0] == 21
+    # rounded as the allocator takes it (16 bytes): 10 + 16 + 16 = 42 at y
+    assert memory.compiled_peak(tl, {"fwd": fwd, "bwd": bwd}, np.array([1.0]), alloc_round=16)[0] == 42
+
+
+def test_inductor_returns_a_convolutions_input_and_weight_as_copies_the_wrapper_reading_finds():
+    """A 2-D convolution compiled by Inductor on CPU (codegen inductor, a training step): Inductor lays the
+    convolution's input and weight out channels-last in buffers of its own and returns those for the backward
+    in place of the inputs. Under a budget (read only there), the forward's wrapper reading (`compat.wrapper_allocations`) names both, with
+    their bytes (the tensors' own sizes), and the backward frees each by the input's name."""
+    from colauto_backend import backend
+    from colauto_backend.cost import memory
+    conv = torch.nn.Conv2d(3, 8, 3, bias=False)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    from torch._inductor.utils import fresh_inductor_cache
+    compiled = torch.compile(conv, backend="colauto", options={"codegen": "inductor", "memory_budget": "1GiB"})
+    with fresh_inductor_cache():     # generated here, not loaded from an earlier run's cache (nothing to read)
+        compiled(x).sum().backward()
+    (analysis,) = [a for a in backend.ANALYSES if a.allocations]
+    copies = {freed[len(memory.RETURNED_COPY):]: nb for nb, freed, _ in analysis.allocations["fwd"]
+              if freed.startswith(memory.RETURNED_COPY)}
+    assert sorted(copies.values()) == sorted([x.numel() * 4, conv.weight.numel() * 4]), copies
+    freed = {f for _, f, _ in analysis.allocations["bwd"] if f}
+    assert set(copies) <= freed, (copies, freed)
 
 
 def test_convolution_input_copies_count_in_the_compiled_peak_and_hold_the_budget():

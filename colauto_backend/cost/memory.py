@@ -582,8 +582,11 @@ def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, s
         groups = [(float(v @ values), ns) for v, ns in freeable]
         # the inputs an earlier graph returned as copies of its own (compat.returned_copies): the model has
         # them as the inputs' storages, held elsewhere; the copies are extra, until this graph drops them
-        copies = [(float(nb), (freed[len(RETURNED_COPY):],)) for earlier in allocations.values() if earlier is not events
-                  for nb, freed, _ in earlier if freed.startswith(RETURNED_COPY)] if tag == "bwd" else []
+        # (a copy the backward never takes, one returned to the user, is not the backward's to hold)
+        taken = {freed for _, freed, _ in events if freed}
+        copies = [(float(_round_up(nb, alloc_round)), (name,)) for earlier in allocations.values() if earlier is not events
+                  for nb, freed, _ in earlier if freed.startswith(RETURNED_COPY)
+                  for name in [freed[len(RETURNED_COPY):]] if name in taken] if tag == "bwd" else []
         start += sum(nb for nb, _ in copies)
         groups += copies
         peak, at = _replay(events, start, groups, alloc_round)
@@ -594,6 +597,11 @@ def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, s
             listed.append((f"the rest in use as {tag} starts", int(start - sum(size for size, _ in groups))))
             best = (int(round(peak)), f"{tag}:{events[at][2].split(' ')[0]} (compiled)", listed)
     return best
+
+
+def _round_up(nbytes: float, alloc_round: int) -> float:
+    """An allocation's bytes as the allocator takes them (a free: the same, negative)."""
+    return math.copysign(-(-abs(nbytes) // alloc_round) * alloc_round, nbytes) if alloc_round > 1 else nbytes
 
 
 def _replay(events: list[tuple[int, str, str]], start: float, groups: list[tuple[float, tuple[str, ...]]],
@@ -617,8 +625,7 @@ def _replay(events: list[tuple[int, str, str]], start: float, groups: list[tuple
                 if not left[i]:
                     mem -= groups[i][0]
             continue
-        if alloc_round > 1:
-            nbytes = math.copysign(-(-abs(nbytes) // alloc_round) * alloc_round, nbytes)
+        nbytes = _round_up(nbytes, alloc_round)
         mem += nbytes
         if live:
             if nbytes > 0:
