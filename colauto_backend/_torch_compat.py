@@ -545,11 +545,25 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             if passes.pop(name, None) is not None:
                 UNBUCKETED[f"torch {torch.__version__.split('+')[0]}'s {name} views convolution gradients"] += 1
     _register_fallbacks(gm)
+    if remat is not None and _only_recomputed_convolutions(gm, remat.recomputed):
+        passes = dict(passes, layout_optimization=False)
     from ._cpu_kernels import batched
     with inductor_config.patch(passes), _inductor_context(gm, example_inputs), batched(), \
             (_as_planned(remat) if remat is not None else contextlib.nullcontext()), \
             (wrapper_allocations(allocations) if allocations is not None else contextlib.nullcontext()):
         return compile_fx_inner(gm, example_inputs, is_backward=is_backward, is_inference=is_inference)   # as compile_fx calls it
+
+
+def _only_recomputed_convolutions(gm: torch.fx.GraphModule, recomputed: frozenset[str]) -> bool:
+    """Whether every convolution of a planned graph is one the plan recomputes. Inductor lays a graph out
+    channels-last when it holds a convolution (`GraphLowering.decide_layout_opt`); a backward holds none
+    unless the plan recomputes one, so a recomputed convolution switched the whole backward's layout. On
+    CPU, aten's convolution backward then allocated 1.5 MiB of its own, unseen by any wrapper line (HF
+    ConvNeXt at 0.8 of its unplanned peak: 2.29 MiB measured against a 0.88 MiB budget, 2026-12-07).
+    Such a backward keeps the unplanned backward's layout: Inductor's layout optimization stays off."""
+    convs = [n for n in gm.graph.nodes if n.op == "call_function"
+             and (n.target is torch.ops.aten.convolution.default or "mkldnn" in str(n.target))]
+    return bool(convs) and all(n.name in recomputed for n in convs)
 
 
 # torch 2.11's and 2.12's all-reduce and reduce-scatter bucketing flatten each input with view (2.13:

@@ -270,6 +270,25 @@ def test_convolution_input_copies_count_in_the_compiled_peak_and_hold_the_budget
         assert not row["over_budget"], row
 
 
+@pytest.mark.xfail(not colauto_backend._torch_compat.torch_at_least(2, 13), strict=True,
+                   reason="torch 2.11: aten's convolution backward allocates its work space with no plan too (2.49 MiB "
+                          "measured unplanned, 2.27 at 0.8, 2026-12-07), unseen by any wrapper line")
+def test_a_recomputed_convolution_keeps_the_backwards_layout_and_the_budget():
+    """HF ConvNeXt under codegen inductor on CPU at 0.8 of the way to its unplanned peak, against the CPU
+    allocator (`bench.cpu_peak`). The plan recomputes convolutions in the backward, which made Inductor lay
+    the whole backward out channels-last; aten's convolution backward then allocated 1.5 MiB of its own,
+    which no wrapper line shows: 2.29 MiB measured against a 0.88 MiB budget, with no error (2026-12-07).
+    Such a backward now keeps the unplanned backward's layout (`compat._only_recomputed_convolutions`):
+    measured under the budget, the compiled figure within 2%."""
+    from bench import cpu_peak
+    rows = cpu_peak.points("convnext", "inductor", [0.8])
+    assert [r["fraction"] for r in rows] == [None, 0.8], rows
+    for row in rows:
+        assert "error" not in row, row
+        assert not row["over_budget"], row
+        assert row["compiled_bytes"] == pytest.approx(row["measured_bytes"], rel=0.02), row
+
+
 def test_a_compiled_peak_over_the_budget_is_warned_and_reported(capsys):
     """`report.emit_compiled_peak`: the compiled code's peak and the model's, as COLAUTO_REPORT prints them;
     over the plan's budget, a warning names the excess and the fix, whatever the report setting."""
