@@ -149,9 +149,10 @@ def replot(sources: list[str], out: Path) -> int:
     for src in sources:
         rows += json.loads(Path(src).read_text())["rows"]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.md").write_text(markdown(rows))
+    table = markdown(rows)
+    (out / "sweep.md").write_text(table)
     plot(rows, out / "sweep.png")
-    print(markdown(rows))
+    print(table)
     return 0
 
 

@@ -561,8 +561,9 @@ def _only_recomputed_convolutions(gm: torch.fx.GraphModule, recomputed: frozense
     CPU, aten's convolution backward then allocated 1.5 MiB of its own, unseen by any wrapper line (HF
     ConvNeXt at 0.8 of its unplanned peak: 2.29 MiB measured against a 0.88 MiB budget, 2026-12-07).
     Such a backward keeps the unplanned backward's layout: Inductor's layout optimization stays off."""
+    from torch._inductor.graph import is_mkldnn_conv   # the test decide_layout_opt itself uses (2.11-2.13)
     convs = [n for n in gm.graph.nodes if n.op == "call_function"
-             and (n.target is torch.ops.aten.convolution.default or "mkldnn" in str(n.target))]
+             and (n.target is torch.ops.aten.convolution.default or is_mkldnn_conv(n))]
     return bool(convs) and all(n.name in recomputed for n in convs)
 
 

@@ -580,15 +580,10 @@ def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, s
             start -= float(tl.unread_outputs[tag] @ values)
             freeable = freeable + tl.freeable_if_dropped[tag]
         groups = [(float(v @ values), ns) for v, ns in freeable]
-        # the inputs an earlier graph returned as copies of its own (compat.returned_copies): the model has
-        # them as the inputs' storages, held elsewhere; the copies are extra, until this graph drops them
-        # (a copy the backward never takes, one returned to the user, is not the backward's to hold)
-        taken = {freed for _, freed, _ in events if freed}
-        copies = [(float(_round_up(nb, alloc_round)), (name,)) for earlier in allocations.values() if earlier is not events
-                  for nb, freed, _ in earlier if freed.startswith(RETURNED_COPY)
-                  for name in [freed[len(RETURNED_COPY):]] if name in taken] if tag == "bwd" else []
-        start += sum(nb for nb, _ in copies)
-        groups += copies
+        if tag == "bwd":
+            copies = _copies_taken(allocations.get("fwd", []), events, alloc_round)
+            start += sum(nb for nb, _ in copies)
+            groups += copies
         peak, at = _replay(events, start, groups, alloc_round)
         if peak > best[0] and at is not None:   # replayed again to the peak, for what is live there
             buffers, held = _replay(events[:at + 1], start, groups, alloc_round, live=True)
@@ -597,6 +592,18 @@ def compiled_live_at_peak(tl: Timeline, allocations: dict[str, list[tuple[int, s
             listed.append((f"the rest in use as {tag} starts", int(start - sum(size for size, _ in groups))))
             best = (int(round(peak)), f"{tag}:{events[at][2].split(' ')[0]} (compiled)", listed)
     return best
+
+
+def _copies_taken(fwd: list[tuple[int, str, str]], bwd: list[tuple[int, str, str]],
+                  alloc_round: int) -> list[tuple[float, tuple[str]]]:
+    """(bytes, (input name,)) of each input the forward returned as a copy of its own
+    (`compat.returned_copies`) that the backward frees. The model has them as the inputs' storages, held
+    elsewhere; the copies are extra until the backward drops them. A copy the backward never takes (one
+    returned to the user) is not the backward's to hold."""
+    taken = {freed for _, freed, _ in bwd if freed}
+    found = [(float(_round_up(nb, alloc_round)), freed[len(RETURNED_COPY):]) for nb, freed, _ in fwd
+             if freed.startswith(RETURNED_COPY)]
+    return [(nb, (name,)) for nb, name in found if name in taken]
 
 
 def _round_up(nbytes: float, alloc_round: int) -> float:
