@@ -123,17 +123,19 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
         raise RuntimeError("colauto.profile: the model produced no graph to profile (is forward empty?)")
     analysis = captured[0]
     trainable = torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())
-    # An op without an autograd kernel for these tensors (aten.nll_loss on the meta device, in some call
-    # paths) can be traced with a backward that stops there: parameters behind it get no gradient, silently.
-    # It warns; where every trainable parameter still got its gradient, the backward is whole.
+    # An op without an autograd kernel for these tensors (a custom op with no derivative registered; before
+    # meta.gpu_attention restored it, aten.nll_loss on the meta device) is traced with a backward that stops
+    # there: parameters behind it get no gradient, silently. It warns; where every trainable parameter still
+    # got its gradient, the backward is whole.
     no_autograd = [str(w.message).split(": ")[0] for w in seen if "autograd kernel was not registered" in str(w.message)]
     trainable_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     grads = analysis.evaluate(analysis.hints)["grad_bytes"] if trainable and no_autograd else None
     if trainable and (analysis.timeline.grads == 0 or (no_autograd and grads < trainable_bytes)):
         where = (f"{no_autograd[0]} has no autograd kernel here, and {fmt_bytes(trainable_bytes - grads)} of "
                  "parameters get no gradient" if no_autograd else "it computes no parameter gradient")
-        raise RuntimeError(f"colauto.profile: the captured backward is incomplete ({where}; aten.nll_loss on the "
-                           "meta device does this); profile a model.to_empty(device='cpu') copy")
+        raise RuntimeError(f"colauto.profile: the captured backward is incomplete ({where}): register the op's "
+                           "derivative (torch.library.register_autograd), or profile a model.to_empty(device='cpu') "
+                           "copy if only its meta kernel lacks one")
     for w in seen:        # the others reach the caller as they would have
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return analysis, arg_names

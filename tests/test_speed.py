@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 import colauto_backend
@@ -86,17 +87,64 @@ def measure_48_layers():
     print("measured", prof.timings)
 
 
-def test_meta_model_without_gradients_is_a_clear_error():
-    with torch.device("meta"):
-        model, _ = build("gpt2")
-    idx = torch.randint(0, 512, (2, 8), device="meta")
-    try:
-        colauto_backend.profile(model, idx, idx.clone())
-    except RuntimeError as err:
-        assert "to_empty" in str(err) and "\n" not in str(err)
-    else:  # a torch that traces nll_loss's backward on meta profiles it correctly instead
+def test_a_model_on_the_meta_device_is_costed_as_on_the_cpu():
+    """A model built on the meta device (how explain plans an 8B model on a laptop) is costed exactly as
+    the same model on the CPU, the loss's backward included. Under AOTAutograd's trace, torch's meta
+    kernel for aten.nll_loss hid its derivative: the joint graph had no nll_loss_backward (HF models'
+    plans left out the gradient over the whole logits) and this project's GPT-2 lost its last layer's
+    gradients (meta.gpu_attention restores it). HF models with eager attention, so attention is the
+    same op on both devices: the same peak, saved bytes and step time; GPT-2 (fused attention on meta):
+    the same FLOPs, its backward twice its forward."""
+    import transformers
+    from examples import hf_zoo
+    for name in ("qwen2", "gpt_neox"):
+        cfg = hf_zoo.config_of(name, "tiny")
+        cfg._attn_implementation = "eager"
+        got = {}
+        for dev in ("cpu", "meta"):
+            with torch.device(dev):
+                model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+            ids = torch.zeros(2, 64, dtype=torch.long, device=dev)
+            ANALYSES.clear()
+            plan = colauto_backend.explain(model, kwargs={"input_ids": ids, "labels": ids}, device="h200")
+            ops = {c.op for c in ANALYSES[-1].costs.nodes}
+            assert "aten.nll_loss_backward.default" in ops and "aten._log_softmax_backward_data.default" in ops, dev
+            got[dev] = (plan.peak_without_bytes, plan.saved_without_bytes, plan.step_time_without_s)
+        assert got["meta"] == got["cpu"], (name, got)
+    flops = {}
+    for dev in ("cpu", "meta"):
+        with torch.device(dev):
+            model, _ = build("gpt2")
+        idx = torch.randint(0, 512, (2, 8), device=dev)
         prof = colauto_backend.profile(model, idx, idx.clone())
-        assert prof.flops_bwd == 2 * prof.flops_fwd
+        flops[dev] = (prof.flops_fwd, prof.flops_bwd)
+    assert flops["meta"] == flops["cpu"] and flops["cpu"][1] == 2 * flops["cpu"][0], flops
+
+
+def test_an_op_without_a_derivative_is_a_clear_error():
+    """A backward that stops at an op autograd has no kernel for (it only warns) leaves the parameters
+    before it without gradients: profile() says so in one line instead of costing a partial step."""
+    lib = torch.library.Library("colauto_test_speed", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")     # no Autograd kernel
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.b(torch.ops.colauto_test_speed.twice(self.a(x))).sum()
+    try:
+        with torch.device("meta"):
+            model = Net()
+        with pytest.raises(RuntimeError) as err:
+            colauto_backend.profile(model, torch.randn(4, 8, device="meta"))
+        msg = str(err.value)
+        assert "colauto_test_speed::twice has no autograd kernel here, and 288 B of parameters get no gradient" in msg
+        assert "register_autograd" in msg and "\n" not in msg
+    finally:
+        lib._destroy()
 
 
 def test_explain_twenty_budgets_of_gpt2_355m_in_seconds():
