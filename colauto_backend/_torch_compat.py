@@ -11,7 +11,7 @@ import inspect
 import itertools
 import operator
 import re
-from typing import Any, Callable, Sequence
+from typing import Collection, Any, Callable, Sequence
 
 import sympy
 import torch
@@ -189,6 +189,56 @@ def decomposed_for_inductor(gm: torch.fx.GraphModule, inline: Callable | None = 
         if node.op != "placeholder":
             env[node] = graph.node_copy(node, env.__getitem__)
     return torch.fx.GraphModule(out, graph), inlined
+
+
+def decompose_nodes(graph: torch.fx.Graph, ops: Collection) -> int:
+    """Every call of `ops` in `graph` replaced, in place, by its decomposition in Inductor's table, traced
+    at the call's example values (fake tensors) and spliced in; the new nodes keep the call's meta (its
+    forward/backward tag) with their own values. For ops a trace kept whole (`backend._decompositions`)
+    that Inductor must see decomposed. The number of calls replaced."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+    table = inductor_decompositions()
+    done = 0
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in ops and n.target in table]:
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta["val"])
+        leaves = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        tensor_at = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+
+        def run(*tensors, _flat=flat, _spec=spec, _at=tensor_at, _target=node.target):
+            values = list(_flat)
+            for i, t in zip(_at, tensors):
+                values[i] = t
+            a, k = pytree.tree_unflatten(values, _spec)
+            return _target(*a, **k)
+        with detect_fake_mode(leaves):
+            traced = make_fx(run, decomposition_table=table)(*leaves)
+        arg_nodes = [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
+        env = dict(zip([n for n in traced.graph.nodes if n.op == "placeholder"], arg_nodes))
+        meta = {k: v for k, v in node.meta.items() if k != "val"}
+        result = None
+        with graph.inserting_before(node):
+            for t in traced.graph.nodes:
+                if t.op == "placeholder":
+                    continue
+                if t.op == "output":
+                    result = torch.fx.node.map_arg(t.args[0], env.__getitem__)
+                    continue
+                if t.op == "get_attr":     # a constant the trace made (a tensor literal): not expected here
+                    raise RuntimeError(f"colauto: the decomposition of {node.target} holds a constant")
+                env[t] = graph.node_copy(t, env.__getitem__)
+                env[t].meta.update(meta)
+        if isinstance(result, torch.fx.Node):
+            node.replace_all_uses_with(result)
+        else:   # a tuple-valued op: its getitem readers take the parts
+            for user in list(node.users):
+                user.replace_all_uses_with(result[user.args[1]])
+                graph.erase_node(user)
+        graph.erase_node(node)
+        done += 1
+    return done
 
 
 def _importing_lowering(fn: Callable) -> Callable:

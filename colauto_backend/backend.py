@@ -16,7 +16,7 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
-from . import counters, cuda_graphs, output_grads, plan_cache, planner, report
+from . import chunked_loss, counters, cuda_graphs, output_grads, plan_cache, planner, report
 from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost import memory
@@ -199,6 +199,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         inductor_rest = config.codegen == "triton" and rest_by_inductor(example_inputs)
         inductor_fuses = config.codegen == "inductor" or inductor_rest
         layout = compat.input_layout(example_inputs)   # the closures below must not hold the inputs themselves
+        chunk_loss = chunks_the_loss(config, example_inputs, dp is None and decide is None)
         # outputs returned beside the loss: their backward is compiled without their (zero) gradients
         unused = output_grads.decide(gm, "output_grads=all" if config.output_grads == "all" else
                                      "cuda graphs" if config.cudagraphs else None)
@@ -239,6 +240,11 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                     averaged, memory_budget = decide(unplanned)
             if averaged is not None:
                 data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=averaged)
+            if chunk_loss:      # before the joint passes: under Inductor its ops were kept whole for this
+                chunked_loss.rewrite(joint)
+                if config.codegen == "inductor":
+                    compat.decompose_nodes(joint.graph, chunked_loss.KEPT)
+                    joint.recompile()
             if config.codegen in ("inductor", "triton") and not passed:
                 # Inductor's joint-graph rewrites (for triton, mainly padding misaligned matmuls, which
                 # cuBLAS would otherwise run with 1-element alignment: GPT-2's 50257-wide LM head)
@@ -308,7 +314,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             compiled = compat.aot_autograd(
                 fw_compiler=compilers[0], bw_compiler=compilers[1], inference_compiler=compilers[2],
                 partition_fn=partition,
-                decompositions=_decompositions(config, inductor_rest),
+                decompositions=_decompositions(config, inductor_rest, chunk_loss),
             )(gm, example_inputs)
         if compat.compile_cache_hits() > hits:
             CACHE_HITS[config.codegen] += 1
@@ -321,15 +327,24 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
     return backend
 
 
-def _decompositions(config: cfg.Config, inductor_rest: bool) -> dict:
+def chunks_the_loss(config: cfg.Config, example_inputs: list, one_process: bool) -> bool:
+    """Whether a training graph's loss gradient is computed in the forward (chunked_loss): under a
+    budget the user set, in one process, for graphs of static sizes, under codegen aten and inductor."""
+    budget = config.memory_budget is not None and config.memory_budget[0] != "none"
+    static = all(isinstance(s, int) for t in example_inputs if isinstance(t, torch.Tensor) for s in t.shape)
+    return budget and one_process and static and config.codegen in ("aten", "inductor")
+
+
+def _decompositions(config: cfg.Config, inductor_rest: bool, chunk_loss: bool = False) -> dict:
     """The table AOTAutograd traces the joint graph with: Inductor's where Inductor compiles the graphs
     (codegen inductor, and triton's rest), so the partition saves what Inductor's would (traced with
     aten's ops under triton, GPT-2 saved its GELU's tanh and the qkv transposes on top: 22% above
     Inductor's peak on GPT-2 large). Under triton it keeps whole the ops colauto's passes match: the fused
     loss's (`fused_loss.MATCHED`), LayerNorm's backward (split by fusion_prep) and casts; Inductor's
     re-trace decomposes what is left of them. None for aten."""
-    if config.codegen == "inductor":
-        return compat.inductor_decompositions()
+    if config.codegen == "inductor":   # the loss's ops whole where chunked_loss may rewrite them
+        kept = chunked_loss.KEPT + chunked_loss.COMPOSITES if chunk_loss else ()
+        return {op: fn for op, fn in compat.inductor_decompositions().items() if op not in kept}
     if inductor_rest:
         from . import fused_loss   # local import: needs triton_kernels only under codegen triton
         aten = torch.ops.aten
