@@ -40,17 +40,29 @@ def assert_same(got, ref, atol):
 
 def compile_under_budget(model, batch, codegen, unplanned: int, held: int):
     """Compiled with a budget below the unplanned peak: 90% of its activations and temporaries, or, where
-    no plan reaches that (BudgetError), halfway between the smallest peak a plan reaches and the unplanned."""
-    budget = int(held + 0.9 * (unplanned - held))
-    try:
-        compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
-        compiled(**batch)     # plans (and runs a step, whose gradients the caller discards)
-    except colauto_backend.BudgetError as error:
-        assert error.smallest_bytes < unplanned, "no plan below the unplanned peak: nothing to recompute"
+    no plan reaches that (BudgetError), halfway between the smallest peak a plan reaches and the unplanned.
+    Under a budget the loss's gradient is computed in the forward (colauto_backend/chunked_loss.py), which
+    may lower the unplanned peak below that budget: then the same again from the lower unplanned peak, so
+    that the plan recomputes."""
+    ceiling = unplanned       # a budget the attempt's BudgetError may fall back to (halfway below it)
+    for attempt in range(2):
+        budget = int(held + 0.9 * (unplanned - held))
+        try:
+            compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
+            compiled(**batch)     # plans (and runs a step, whose gradients the caller discards)
+        except colauto_backend.BudgetError as error:
+            assert error.smallest_bytes < ceiling, "no plan below the unplanned peak: nothing to recompute"
+            torch._dynamo.reset()
+            backend_mod.ANALYSES.clear()
+            budget = (error.smallest_bytes + ceiling) // 2
+            compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
+            break
+        plans = [a.plan for a in backend_mod.ANALYSES if a.plan is not None]
+        if attempt or any(a.recomputed for a in backend_mod.ANALYSES) or not plans:
+            break
+        unplanned, ceiling = max(p.peak_without_bytes for p in plans), budget   # the chunked loss's; a fitting one
         torch._dynamo.reset()
         backend_mod.ANALYSES.clear()
-        budget = (error.smallest_bytes + unplanned) // 2
-        compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
     model.zero_grad(set_to_none=True)
     return compiled, budget
 
