@@ -240,8 +240,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                     averaged, memory_budget = decide(unplanned)
             if averaged is not None:
                 data.reduce_gradients(joint, num_fwd_outputs=num_fwd_outputs, param_indices=params, dp=averaged)
+            chunked = 0
             if chunk_loss:      # before the joint passes: under Inductor its ops were kept whole for this
-                chunked_loss.rewrite(joint)
+                chunked = chunked_loss.rewrite(joint)
                 if config.codegen == "inductor":
                     compat.decompose_nodes(joint.graph, chunked_loss.KEPT)
                     joint.recompile()
@@ -277,6 +278,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                                                     inductor_fuses, marked),
                                     exact=config.codegen == "aten")
             chosen, graphs, analysis = remat.plan(budget)
+            chosen = dataclasses.replace(chosen, chunked_losses=chunked)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
             planned[:] = [analysis]
             if planned_out is not None:
@@ -329,8 +331,11 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 
 def chunks_the_loss(config: cfg.Config, example_inputs: list, one_process: bool) -> bool:
     """Whether a training graph's loss gradient is computed in the forward (chunked_loss): under a
-    budget the user set, in one process, for graphs of static sizes, under codegen aten and inductor."""
+    budget the user set, in one process, for graphs of static sizes, under codegen aten and inductor,
+    unless COLAUTO_CHUNKED_LOSS=off."""
     budget = config.memory_budget is not None and config.memory_budget[0] != "none"
+    if config.chunked_loss == "off":
+        return False
     static = all(isinstance(s, int) for t in example_inputs if isinstance(t, torch.Tensor) for s in t.shape)
     return budget and one_process and static and config.codegen in ("aten", "inductor")
 

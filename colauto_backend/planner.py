@@ -107,6 +107,7 @@ class Plan:
     partition_checked: bool = True        # peak_with_bytes is the real partition's (explain: the model's)
     model_misses: int = 0                 # chosen by the model, rejected by their real partition
     cache: str = ""                       # the on-disk plan cache: hit, stored, "stale, replaced", not stored: why
+    chunked_losses: int = 0               # losses whose gradient the forward computes (chunked_loss.py)
     quantum_bytes: float = 0.0
     solve_s: float = 0.0                  # problem construction + DP
     plan_s: float = 0.0                   # everything, simulations of candidate plans included

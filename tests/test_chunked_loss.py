@@ -97,3 +97,23 @@ def test_dynamic_shapes_keep_the_loss_as_it_is():
                              dynamic=True)
     compiled(**make(2, 16)).loss.backward()
     assert chunked_loss.REWRITTEN["rewritten"] == before
+
+
+def test_the_report_says_so_and_off_keeps_the_loss(monkeypatch, capsys):
+    """COLAUTO_REPORT names the rewrite in the plan's lines; COLAUTO_CHUNKED_LOSS=off leaves the loss as it
+    is under the same budget (the backward takes the [N, V] log-probabilities again)."""
+    model, make = build_hf("qwen2")
+    batch = make(4, 64)
+    monkeypatch.setenv("COLAUTO_REPORT", "1")
+    saved = {}
+    for setting in ("auto", "off"):
+        monkeypatch.setenv("COLAUTO_CHUNKED_LOSS", setting)
+        torch._dynamo.reset()
+        backend_mod.ANALYSES.clear()
+        before = chunked_loss.REWRITTEN["rewritten"]
+        torch.compile(model, backend="colauto", options={"codegen": "aten", "memory_budget": GENEROUS})(**batch).loss.backward()
+        assert chunked_loss.REWRITTEN["rewritten"] - before == (setting == "auto")
+        said = "the loss's gradient is computed in the forward, in blocks of rows" in capsys.readouterr().out
+        assert said == (setting == "auto")
+        saved[setting] = _saved_bytes(backend_mod.ANALYSES)
+    assert saved["off"] - saved["auto"] >= 4 * 4 * 63 * model.config.vocab_size // 2, saved

@@ -139,6 +139,14 @@ def test_a_value_read_twice_is_written_once_it_reads_more_than_four_buffers():
         assert written == expected, (readers, written)
 
 
+# points where the memory model is known to be high, and by at most how much: Qwen2 at 0.8 (below); T5 at
+# 0.6 since its loss gradient is computed in the forward (chunked_loss.py, 2026-12-07): the step is 5 MiB
+# smaller and the plan chosen for it is another, at whose peak the model holds three of T5's [8, 4, 256, 256]
+# attention-backward tensors at once (bmm, bmm, fma: 24 MiB) where Inductor's code holds fewer (+10.5%;
+# the compiled code's figure is exact)
+KNOWN_HIGH = {("qwen2", "inductor", 0.8): 1.07, ("t5", "inductor", 0.6): 1.11}
+
+
 @pytest.mark.parametrize("name, codegen, fraction, drop", [
     ("gpt_neox", "aten", None, False), ("qwen2", "aten", 0.6, False), ("qwen2", "triton", None, False),
     ("t5", "inductor", 0.6, False), ("gpt2", "inductor", None, False), ("qwen2", "inductor", 0.8, False),
@@ -171,8 +179,9 @@ def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction, drop):
     rows = cpu_peak.points(name, codegen, [] if fraction is None else [fraction], drop_outputs=drop)
     for row in rows:
         assert "error" not in row, row
-        if drop or (name, codegen, row["fraction"]) == ("qwen2", "inductor", 0.8):   # the model's known error: high
-            assert row["measured_bytes"] < row["predicted_bytes"] < (1.4 if drop else 1.07) * row["measured_bytes"], row
+        high = KNOWN_HIGH.get((name, codegen, row["fraction"]), 1.4 if drop else None)
+        if high is not None:     # the model's known error: high
+            assert row["measured_bytes"] < row["predicted_bytes"] < high * row["measured_bytes"], row
         else:
             tolerance = 0.05 if codegen == "inductor" else 5e-3
             assert row["predicted_bytes"] == pytest.approx(row["measured_bytes"], rel=tolerance), row
@@ -334,6 +343,9 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
     monkeypatch.setenv("COLAUTO_PLANNED_RULES", "fusion,reuse")   # both rules from the first compile
+    # the loss kept as traced: with its gradient computed in the forward (chunked_loss.py) BART's plan at
+    # 0.8 compiles under the budget at once, and nothing is planned again
+    monkeypatch.setenv("COLAUTO_CHUNKED_LOSS", "off")
     before = sum(backend.REPLANNED.values())
     _, row = cpu_peak.points("bart", "inductor", [0.8])
     assert "error" not in row, row
@@ -448,11 +460,13 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     assert len(said) == 1 + 2 * esc, said     # 0.65's and the fresh launch's, where Inductor's fusions broke it
 
 
-def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would():
+def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would(monkeypatch):
     """HF BART on CPU under codegen inductor at 19.8 MiB, just above the smallest peak the memory model finds
     (19.50 MiB plus headroom): that plan compiles to code peaking about 2 MiB higher, and no plan fits the
     room for that error, so the step is not run over the budget: a BudgetError names the user's budget, the
-    model's error and the least budget that would be held (the planner's own least, plus the error)."""
+    model's error and the least budget that would be held (the planner's own least, plus the error). The
+    loss is kept as traced (COLAUTO_CHUNKED_LOSS=off): with its gradient in the forward the step fits."""
+    monkeypatch.setenv("COLAUTO_CHUNKED_LOSS", "off")
     from bench import cpu_peak
     from colauto_backend import BudgetError
     from colauto_backend.report import fmt_bytes
