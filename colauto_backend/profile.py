@@ -159,6 +159,8 @@ def profile(model: torch.nn.Module, *example_inputs: Any, options: dict | None =
                  next(model.parameters(), None))
 
 
+NO_LIMIT = 2 ** 62     # bytes: a budget the user set that no step reaches
+
 # The latest capture explain() made of each model, with what it depends on: another budget for the same
 # model, inputs and settings is planned on it without capturing again (its partitions are reused too).
 _CAPTURES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Analysis]]" = weakref.WeakKeyDictionary()
@@ -173,6 +175,11 @@ def _captured(model: torch.nn.Module, example_inputs: tuple, options: dict, kwar
             return (tuple(v.shape), v.dtype, v.device.type, v.requires_grad)
         return repr(v)
     unbudgeted = {**options, "memory_budget": "none"}
+    setting = cfg.load(options)
+    if setting.memory_budget is not None and setting.memory_budget[0] != "none" and setting.chunked_loss != "off":
+        # a budget the user set rewrites the loss (chunked_loss.py) when the step compiles: so does the
+        # capture it is planned on, under a budget no step reaches (the real one is planned after)
+        unbudgeted["memory_budget"] = NO_LIMIT
     key = (tuple(sig(v) for v in example_inputs), tuple((k, sig(v)) for k, v in (kwargs or {}).items()),
            tuple((n, sig(p)) for n, p in model.named_parameters()), torch.is_grad_enabled(),
            dataclasses.replace(cfg.load(unbudgeted), report=None))
@@ -206,7 +213,8 @@ def explain(model: torch.nn.Module, *example_inputs: Any, budget: str | float | 
             return analysis.plan
         config = cfg.load(options)
         budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
-        return analysis.planner.plan(budget, partition=False)[0]   # modeled: compile checks the real one
+        plan = analysis.planner.plan(budget, partition=False)[0]   # modeled: compile checks the real one
+        return dataclasses.replace(plan, chunked_losses=analysis.plan.chunked_losses if analysis.plan else 0)
     from .parallel import entry
     options["mesh"] = mesh
     config = cfg.load(options)

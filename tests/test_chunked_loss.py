@@ -117,3 +117,21 @@ def test_the_report_says_so_and_off_keeps_the_loss(monkeypatch, capsys):
         assert said == (setting == "auto")
         saved[setting] = _saved_bytes(backend_mod.ANALYSES)
     assert saved["off"] - saved["auto"] >= 4 * 4 * 63 * model.config.vocab_size // 2, saved
+
+
+def test_explain_under_a_budget_plans_the_step_compile_runs():
+    """explain() at a budget plans on the rewritten loss, as the compiled step does: the same unplanned
+    peak as the compile's plan under that budget; explain() without a budget keeps the loss as traced."""
+    import colauto_backend
+    model, make = build_hf("qwen2")
+    batch = make(4, 64)
+    plan = colauto_backend.explain(model, kwargs=batch, budget=GENEROUS, options={"codegen": "aten"})
+    unbudgeted = colauto_backend.explain(model, kwargs=batch, budget="none", options={"codegen": "aten"})
+    assert plan.chunked_losses == 1 and unbudgeted.chunked_losses == 0
+    torch._dynamo.reset()
+    backend_mod.ANALYSES.clear()
+    compiled = torch.compile(model, backend="colauto", options={"codegen": "aten", "memory_budget": GENEROUS})
+    compiled(**batch).loss.backward()
+    compiled_plan = next(a.plan for a in backend_mod.ANALYSES if a.plan is not None)
+    assert compiled_plan.chunked_losses == 1
+    assert plan.peak_without_bytes == compiled_plan.peak_without_bytes < unbudgeted.peak_without_bytes
