@@ -21,6 +21,7 @@ import triton_kernels
 from triton_kernels import cross_entropy as ce
 
 from . import _torch_compat as compat
+from .chunked_loss import VIEWS as _VIEWS, is_cast as _is_cast, items as _items, view_chain_below as _view_chain_below
 
 aten = torch.ops.aten
 # The ops `rewrite` matches: a trace that decomposes (Inductor's table, where Inductor compiles the rest)
@@ -130,14 +131,6 @@ def _replace(graph: fx.Graph, lp: fx.Node) -> int:
     return 1
 
 
-def _is_cast(node: fx.Node, dtype: torch.dtype) -> bool:
-    return (node.target is aten._to_copy.default and node.kwargs.get("dtype") == dtype
-            and set(node.kwargs) <= {"dtype", "layout", "device"})
-
-
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-
-
 def _narrow_source(logits: fx.Node, lp: fx.Node, grads: list[fx.Node]) -> _Narrow | None:
     """How to read bf16/fp16 x directly when `logits` is x upcast to fp32 (then reshaped) for this loss
     alone, as autocast does to cross_entropy: the kernels then read x, computing in fp32 as aten does,
@@ -173,15 +166,6 @@ def _view_chain_above(node: fx.Node, reader: fx.Node) -> tuple[list[fx.Node], fx
     return (views, node) if set(node.users) == {reader} else None
 
 
-def _view_chain_below(node: fx.Node) -> tuple[list[fx.Node], fx.Node]:
-    """(the single-reader views starting at `node`, in order, and the node they lead to)."""
-    views = []
-    while node.target in _VIEWS and len(node.users) == 1:
-        views.append(node)
-        node = next(iter(node.users))
-    return views, node
-
-
 class _Narrow(NamedTuple):
     x: fx.Node                                    # the narrow tensor the fp32 logits were cast from
     views: list[fx.Node]                          # reshapes of the fp32 cast, replayed on x
@@ -199,7 +183,3 @@ def _replay(graph: fx.Graph, source: fx.Node, views: list[fx.Node], after: fx.No
     return source
 
 
-def _items(nll: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:
-    """nll_loss_forward's (loss, total_weight) getitem nodes, None where unused."""
-    items = {u.args[1]: u for u in nll.users}
-    return items.get(0), items.get(1)
