@@ -196,14 +196,28 @@ def _movable(node: fx.Node) -> bool:
     return not (node.op == "placeholder" and node.name.startswith("tangents"))
 
 
+def _before_upcast(logits: fx.Node) -> fx.Node | None:
+    """The bf16/fp16 tensor `logits` is an fp32 copy of, through reshapes; None where it is not one."""
+    node = logits
+    while node.target in VIEWS:
+        node = node.args[0]
+    if not is_cast(node, torch.float32):
+        return None
+    src = node.args[0]
+    val = src.meta.get("val")
+    ok = isinstance(val, torch.Tensor) and val.dtype in (torch.bfloat16, torch.float16)
+    return src if ok and val.numel() == logits.meta["val"].numel() else None
+
+
 def _rewrite(graph: fx.Graph, m: _Match) -> None:
     lp, nll = m.lp, m.nll
     logits = lp.args[0]
-    n_rows = int(logits.meta["val"].shape[0])
+    n_rows, vocab = (int(d) for d in logits.meta["val"].shape)
     _, target, _, reduction, ignore = nll.args
-    total = items(nll)[1]
     fwd_meta = {k: v for k, v in nll.meta.items() if k != "val"}
-    anchor = [total if total is not None else nll]
+    # the blocks go before the loss, after what they read (the logits, the targets)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    anchor = [max((lp.prev, target), key=order.__getitem__)]
 
     def add(op, *args, **kwargs) -> fx.Node:
         vals = fx.node.map_arg(args, lambda a: a.meta["val"])
@@ -219,21 +233,37 @@ def _rewrite(graph: fx.Graph, m: _Match) -> None:
             return node
         return add(node.target, forward_copy(node.args[0]), *node.args[1:], **node.kwargs)
 
-    if total is None:
-        total = add(operator.getitem, nll, 1)
-    one = add(aten.full.default, [], 1.0, dtype=torch.float32, device=logits.meta["val"].device)
+    # nll_loss's total weight without class weights: the targets that are not ignored
+    total = add(CAST, add(aten.sum.default, add(aten.ne.Scalar, target, ignore)), lp.meta["val"].dtype)
     rows_by = [forward_copy(mm.args[1]) for mm in m.rows_of]
     cols_by = [forward_copy(mm.args[1]) for mm in m.cols_of]
     step = -(-n_rows // min(CHUNKS, n_rows))
     rows_parts: list[list[fx.Node]] = [[] for _ in m.rows_of]
     cols_sums: list[fx.Node | None] = [None for _ in m.cols_of]
+    # the blocks read the logits before their upcast (autocast's bf16 copy), cast in the block: the whole
+    # fp32 copy is not made for them
+    narrow = _before_upcast(logits)
+    rows_of_logits = logits if narrow is None else add(aten.view.default, narrow, [n_rows, vocab])
+    columns = add(torch.ops.prims.iota.default, vocab, start=0, step=1, dtype=torch.int64,
+                  device=logits.meta["val"].device, requires_grad=False)
     for start in range(0, n_rows, step):
         end = min(start + step, n_rows)
-        x = add(aten.slice.Tensor, logits, 0, start, end)
-        y = add(aten.slice.Tensor, target, 0, start, end)
-        lp_c = add(aten._log_softmax.default, x, 1, False)
-        g = add(aten.nll_loss_backward.default, one, lp_c, y, None, reduction, ignore, total)
-        g = add(aten._log_softmax_backward_data.default, g, lp_c, 1, torch.float32)
+        x = add(aten.slice.Tensor, rows_of_logits, 0, start, end)
+        if narrow is not None:
+            x = add(CAST, x, torch.float32)
+        y = add(aten.unsqueeze.default, add(aten.slice.Tensor, target, 0, start, end), 1)
+        # the gradient of nll_loss(log_softmax(x)) at its target: softmax(x) less 1 at the target, 0 on an
+        # ignored row, over the total weight (mean); one reduction (the row's logsumexp), the rest
+        # elementwise: a kernel or two per block under Inductor, no [rows, V] fp32 tensor kept between
+        peak = add(aten.amax.default, x, [1], True)
+        shifted = add(aten.sub.Tensor, x, peak)
+        lse = add(aten.log.default, add(aten.sum.dim_IntList, add(aten.exp.default, shifted), [1], True))
+        prob = add(aten.exp.default, add(aten.sub.Tensor, shifted, lse))
+        g = add(aten.where.self, add(aten.eq.Tensor, columns, y), add(aten.sub.Tensor, prob, 1), prob)
+        weight = add(CAST, add(aten.ne.Scalar, y, ignore), torch.float32)
+        if reduction == 1:
+            weight = add(aten.div.Tensor, weight, total)
+        g = add(aten.mul.Tensor, g, weight)
         if m.dtype != torch.float32:
             g = add(CAST, g, m.dtype)
         for i, mm in enumerate(m.rows_of):
@@ -244,6 +274,7 @@ def _rewrite(graph: fx.Graph, m: _Match) -> None:
                 part = add(CAST, part, torch.float32)
             cols_sums[i] = part if cols_sums[i] is None else add(aten.add.Tensor, cols_sums[i], part)
     saved = [add(aten.cat.default, parts, 0) if len(parts) > 1 else parts[0] for parts in rows_parts]
+
     # the backward: each product is the tangent times what the forward computed
     for mm, value in [*zip(m.rows_of, saved), *zip(m.cols_of, cols_sums)]:
         with graph.inserting_before(mm):
