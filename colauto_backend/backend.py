@@ -332,9 +332,9 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
 def chunks_the_loss(config: cfg.Config, example_inputs: list, one_process: bool) -> bool:
     """Whether a training graph's loss gradient is computed in the forward (chunked_loss): under a
     budget the user set, in one process, for graphs of static sizes, under codegen aten and inductor,
-    unless COLAUTO_CHUNKED_LOSS=off."""
+    with COLAUTO_CHUNKED_LOSS=on."""
     budget = config.memory_budget is not None and config.memory_budget[0] != "none"
-    if config.chunked_loss == "off":
+    if config.chunked_loss != "on":
         return False
     static = all(isinstance(s, int) for t in example_inputs if isinstance(t, torch.Tensor) for s in t.shape)
     return budget and one_process and static and config.codegen in ("aten", "inductor")

@@ -50,9 +50,11 @@ class Config:
     # Parameters hold their dim-0 rows); dtensor (parallel/emit.py: DTensor parameters, the module re-traced,
     # as tp plans run)
     fsdp: str = "graph"
-    # auto: under a budget the user set, a language model's loss gradient is computed in the forward, in
-    # blocks of rows, so no [tokens, vocabulary] tensor is kept for the backward (chunked_loss.py); off: never
-    chunked_loss: str = "auto"
+    # on: under a budget the user set, a language model's loss gradient is computed in the forward, in
+    # blocks of rows, so no [tokens, vocabulary] tensor is kept for the backward (chunked_loss.py). off by
+    # default: on one H100 it ran GPT-2 124M and HF Qwen2 no faster at half their activation memory
+    # (bench/results/h100-2026-12-07-chunked-loss)
+    chunked_loss: str = "off"
     # bytes: the budget the user set, where the step is planned under less of it (backend._held_to_budget
     # keeps room for the memory model's error on the compiled code); the compiled peak is held to this one
     held_budget: int | None = None
@@ -197,7 +199,7 @@ _FIELDS = {
     "output_grads": ("COLAUTO_OUTPUT_GRADS", _choice(("loss", "all"))),
     "planned_rules": ("COLAUTO_PLANNED_RULES", _planned_rules),
     "fsdp": ("COLAUTO_FSDP", _choice(("dtensor", "graph"))),
-    "chunked_loss": ("COLAUTO_CHUNKED_LOSS", _choice(("auto", "off"))),
+    "chunked_loss": ("COLAUTO_CHUNKED_LOSS", _choice(("on", "off"))),
 }
 # Read where they are used (triton_kernels, a package that does not depend on this one; plan_cache.py);
 # validated here.

@@ -176,7 +176,7 @@ def _captured(model: torch.nn.Module, example_inputs: tuple, options: dict, kwar
         return repr(v)
     unbudgeted = {**options, "memory_budget": "none"}
     setting = cfg.load(options)
-    if setting.memory_budget is not None and setting.memory_budget[0] != "none" and setting.chunked_loss != "off":
+    if setting.memory_budget is not None and setting.memory_budget[0] != "none" and setting.chunked_loss == "on":
         # a budget the user set rewrites the loss (chunked_loss.py) when the step compiles: so does the
         # capture it is planned on, under a budget no step reaches (the real one is planned after)
         unbudgeted["memory_budget"] = NO_LIMIT

@@ -196,7 +196,7 @@ def _plan_lines(plan: dict | None) -> list[str]:
              f"{fmt_bytes(plan['saved_without_bytes'])} -> {fmt_bytes(plan['saved_with_bytes'])}"]
     if plan.get("chunked_losses"):
         lines.append("the loss's gradient is computed in the forward, in blocks of rows: no [tokens, vocabulary] "
-                     "tensor is kept for the backward (COLAUTO_CHUNKED_LOSS=off keeps it; both peaks above count this)")
+                     "tensor is kept for the backward (COLAUTO_CHUNKED_LOSS=on; both peaks above count this)")
     if plan["recomputed"]:
         added = plan["step_time_with_s"] / plan["step_time_without_s"] - 1 if plan["step_time_without_s"] else 0.0
         if plan.get("modeled_plans"):

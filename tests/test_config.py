@@ -16,7 +16,7 @@ from examples.models import build
     ("COLAUTO_CUDAGRAPHS", "yes", "use 1"),
     ("COLAUTO_PLANNED_RULES", "fuse", "fusion, reuse, or none"),
     ("COLAUTO_FSDP", "zero3", "dtensor, graph"),
-    ("COLAUTO_CHUNKED_LOSS", "on", "auto, off"),
+    ("COLAUTO_CHUNKED_LOSS", "auto", "on, off"),
 ])
 def test_bad_value_is_one_line_naming_variable(var, value, accepted):
     with pytest.raises(cfg.ConfigError) as err:
@@ -38,7 +38,7 @@ def test_bad_value_is_one_line_naming_variable(var, value, accepted):
     ("cudagraphs", "yes", "use 1"),
     ("planned_rules", "fusion,", "use auto, a comma-separated list of fusion, reuse, or none"),
     ("fsdp", "simple", "dtensor, graph"),
-    ("chunked_loss", "yes", "auto, off"),
+    ("chunked_loss", "yes", "on, off"),
 ])
 def test_bad_option_is_one_line_naming_the_key(key, value, accepted):
     """An options= value is blamed on its key (with the value as given), not on the variable."""

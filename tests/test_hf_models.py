@@ -41,9 +41,9 @@ def assert_same(got, ref, atol):
 def compile_under_budget(model, batch, codegen, unplanned: int, held: int):
     """Compiled with a budget below the unplanned peak: 90% of its activations and temporaries, or, where
     no plan reaches that (BudgetError), halfway between the smallest peak a plan reaches and the unplanned.
-    Under a budget the loss's gradient is computed in the forward (colauto_backend/chunked_loss.py), which
-    may lower the unplanned peak below that budget: then the same again from the lower unplanned peak, so
-    that the plan recomputes."""
+    Where a step under a budget is smaller than the unplanned one (COLAUTO_CHUNKED_LOSS=on computes the loss's
+    gradient in the forward) it may fit that budget without a plan: then the same again from the lower
+    unplanned peak, so that the plan recomputes."""
     ceiling = unplanned       # a budget the attempt's BudgetError may fall back to (halfway below it)
     for attempt in range(2):
         budget = int(held + 0.9 * (unplanned - held))
