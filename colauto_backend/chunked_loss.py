@@ -1,25 +1,26 @@
-"""The loss's gradient computed in the forward, a block of rows at a time (under a memory budget).
+"""The loss's gradient computed in the forward, a block of rows at a time (COLAUTO_CHUNKED_LOSS=on).
 
 A language model's loss is `nll_loss(log_softmax(h @ W.T))` over N tokens and a vocabulary of V: its
 backward starts from an [N, V] gradient of the logits (`nll_loss_backward`, `_log_softmax_backward_data`,
 the cast back to the logits' dtype) that only two matrix products read: `G @ W` (the gradient of the
-head's input) and `G.T @ h` (of its weight). So the backward keeps the [N, V] log-probabilities (or
-logits) from the forward, and at its start holds an [N, V] gradient too: for GPT-2 at 16 x 1024 tokens,
-3 GiB each in fp32, most of the activation memory at the step's peak.
+head's input) and `G.T @ h` (of its weight). So the backward keeps an [N, V] tensor from the forward (the
+log-probabilities or logits) and at its start makes another: for GPT-2 at 16 x 1024 tokens, 3 GiB each
+in fp32, most of the activation memory at the step's peak.
 
 Both products are linear in G, and G is the loss's scalar gradient (the backward's `tangent`) times a
-G1 that the forward can compute (the same ops with 1.0 in its place). `rewrite` moves that work into
-the forward, CHUNKS blocks of rows at a time: each block's log-softmax, G1 and its two products, with
-aten's own ops (each row as the whole op computes it); the forward keeps the [N, h] product (the blocks
-concatenated) and the [V, h] one (the blocks summed, in fp32), and the backward multiplies them by the
-tangent. No [N, V] tensor is kept for the backward, nor made in it; the forward holds one block's at a
-time. The work is the same (the same products, over the blocks); the sums differ from one product's by
-rounding only (the weight's gradient: a sum of CHUNKS products in fp32; the tangent applied after the
-cast instead of before, exact for 1.0 and powers of two).
+G1 the forward can compute: softmax(x) less one at the target, zero on an ignored row, over the total
+weight (mean). `rewrite` moves that work into the forward, CHUNKS blocks of rows at a time, each block
+read from the logits before their upcast (one logsumexp reduction, the rest elementwise); the forward
+keeps the [N, h] product (the blocks concatenated) and the [V, h] one (the blocks summed, in fp32), and
+the backward multiplies them by the tangent. No [N, V] tensor is kept for the backward, nor made in it.
+The loss itself is computed as traced. The products are the same work; the results differ from the
+traced step's by rounding (the weight's gradient a sum of CHUNKS products in fp32; the tangent applied
+after the cast instead of before, exact for 1.0 and powers of two).
 
 Applied where the graph has exactly this form (a 2-D log-softmax over the last dimension of static
-sizes, nll_loss without class weights, mean or sum, its gradient read only through reshapes and casts
-by those two products); a graph of another form is left as it is. The loss itself is unchanged.
+sizes, nll_loss without class weights, mean or sum, its gradient read only through reshapes, one cast
+and an unused output's zero gradient by those two products); a graph of another form is left as it is.
+Off by default: measured on one H100 it saved memory but no time (bench/results/h100-2026-12-07-chunked-loss).
 """
 from __future__ import annotations
 
