@@ -51,10 +51,12 @@ def compile_under_budget(model, batch, codegen, unplanned: int, held: int):
             compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
             compiled(**batch)     # plans (and runs a step, whose gradients the caller discards)
         except colauto_backend.BudgetError as error:
-            assert error.smallest_bytes < ceiling, "no plan below the unplanned peak: nothing to recompute"
             torch._dynamo.reset()
             backend_mod.ANALYSES.clear()
-            budget = (error.smallest_bytes + ceiling) // 2
+            # the least budget the compiled code holds includes its margin over the memory model, which can
+            # put it above the model's unplanned peak (ResNet in a full run: 636 KiB against 608): then that
+            # least budget itself (the caller checks that the plan recomputes)
+            budget = (error.smallest_bytes + ceiling) // 2 if error.smallest_bytes < ceiling else error.smallest_bytes
             compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
             break
         plans = [a.plan for a in backend_mod.ANALYSES if a.plan is not None]
