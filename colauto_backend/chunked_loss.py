@@ -36,7 +36,8 @@ from .graph import is_backward
 
 aten = torch.ops.aten
 CHUNKS = 8
-# the ops `rewrite` matches and makes: under Inductor, traced whole and decomposed after it (backend)
+# the loss's ops `rewrite` matches: under Inductor traced whole and decomposed after it (backend); the
+# blocks it adds are made of ops Inductor lowers as they are
 KEPT = (aten._log_softmax.default, aten._log_softmax_backward_data.default, aten.nll_loss_forward.default,
         aten.nll_loss_backward.default)
 # ... and the composite ops above them that Inductor's table would decompose past them, also kept whole at
@@ -143,7 +144,7 @@ def _match(lp: fx.Node) -> _Match | None:
         return None
     # where the products read it: through reshapes and at most one cast back to the logits' dtype
     g = _products_input(grad)
-    if g is None or _static_2d(g) != shape:
+    if _static_2d(g) != shape:
         return None
     rows_of, cols_of = [], []
     for u in g.users:
@@ -161,7 +162,7 @@ def _match(lp: fx.Node) -> _Match | None:
     return _Match(lp, nll, nll_bwd.args[0], dtype, rows_of, cols_of)
 
 
-def _products_input(grad: fx.Node) -> fx.Node | None:
+def _products_input(grad: fx.Node) -> fx.Node:
     """The [N, V] node the products read: `grad` through reshapes, at most one cast and the addition of
     an output's gradient that the step does not take (output_grads: the logits beside the loss; zeros),
     each read once; the last node of that chain (its readers are the products)."""
@@ -267,10 +268,10 @@ def _rewrite(graph: fx.Graph, m: _Match) -> None:
         g = add(aten.mul.Tensor, g, weight)
         if m.dtype != torch.float32:
             g = add(CAST, g, m.dtype)
-        for i, mm in enumerate(m.rows_of):
-            rows_parts[i].append(add(aten.mm.default, g, rows_by[i]))
-        for i, mm in enumerate(m.cols_of):
-            part = add(aten.mm.default, add(aten.permute.default, g, [1, 0]), add(aten.slice.Tensor, cols_by[i], 0, start, end))
+        for parts, by in zip(rows_parts, rows_by):
+            parts.append(add(aten.mm.default, g, by))
+        for i, by in enumerate(cols_by):
+            part = add(aten.mm.default, add(aten.permute.default, g, [1, 0]), add(aten.slice.Tensor, by, 0, start, end))
             if part.meta["val"].dtype != torch.float32:
                 part = add(CAST, part, torch.float32)
             cols_sums[i] = part if cols_sums[i] is None else add(aten.add.Tensor, cols_sums[i], part)
