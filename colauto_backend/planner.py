@@ -260,9 +260,14 @@ class Planner:
             chosen = (first_fit, ev, None, analysis, False)
         elif not (self.exact and first_fit is None):   # exact: no real partition fits where no model does
             chosen, misses = self._probe(order, limit)
-        if chosen is None:     # no modeled candidate fits: the compute-only ones, which min-cut completes
-            found = self._search(cands.searched, limit)
-            chosen = None if found is None else (*found, True)
+        if cands.searched and (chosen is None or chosen[4]):
+            # the compute-only candidates, which min-cut completes: where no modeled candidate fits, and
+            # beside a checked modeled choice those whose least time beats it (min-cut's own placement of
+            # the fusible ops can be faster at no more memory: the project's GPT-2 on CPU under Inductor)
+            beat = math.inf if chosen is None else chosen[1]["est_step_time_s"]
+            found = self._search(cands.searched, limit, beat)
+            if found is not None and found[1]["est_step_time_s"] < beat:
+                chosen = (*found, True)
         if chosen is None:     # the least peak known, to tell the user (every candidate run included)
             least = [ev for ev, _, _ in self._simulated.values()]
             least_keep = min(order, key=self._peak, default=None)
@@ -315,14 +320,16 @@ class Planner:
                     break
         return fastest_fit(), misses
 
-    def _search(self, ordered: list[tuple], limit: float) -> tuple[tuple, dict, tuple, Analysis] | None:
+    def _search(self, ordered: list[tuple], limit: float,
+                beat: float = math.inf) -> tuple[tuple, dict, tuple, Analysis] | None:
         """The fastest of `ordered` (fastest first) whose real partition fits (`_least_time` prunes those
         that cannot beat the best found so far). Along the frontier the DP recomputes more nodes
         point by point and the peak falls, but not across a point where it recomputes fewer, larger
         values instead: there the real peak can rise again (the DP's model of what min-cut keeps is not
         min-cut's; seen on HF Qwen2 at the logits). So `ordered` is cut into runs where the number of
         nodes tagged for recomputation grows, and each run's candidates that may beat the best found so
-        far are bisected on real partitions (the slowest first: if it does not fit, none of the run does)."""
+        far (or `beat`, the time of a choice made without them) are bisected on real partitions (the slowest
+        first: if it does not fit, none of the run does)."""
         if not ordered:
             return None
         forced = [sum(1 for k in keep if k is False) for keep in ordered]
@@ -338,9 +345,10 @@ class Planner:
         def fits(i: int) -> bool:
             return self.partitioned(ordered[i])[0]["peak_memory_bytes"] <= limit
 
+        bound = beat      # a choice made without these (the modeled one): only what beats it is searched
         for run in runs:
             found = self._fastest_partitioned(ordered, limit)
-            beat = found[1]["est_step_time_s"] if found is not None else math.inf
+            beat = min(bound, found[1]["est_step_time_s"] if found is not None else math.inf)
             # a candidate that forces no recomputation is min-cut's own partition with some values
             # pinned: no smaller than the unplanned one, which did not fit
             run = [i for i in run if forced[i] and self._least_time(ordered[i]) < beat]
@@ -500,8 +508,9 @@ def _solve(joint: fx.GraphModule, baseline: Analysis, base: dict,
     times = graph.node_times(baseline.costs, base["_recompute_times"])
     keep_time: dict[str, float] = {}
     if baseline.fused:   # under Inductor, keeping a fusible intermediate costs writing it in forward
-        bw = baseline.device.bandwidth   # and reading it back in backward
-        keep_time = {c.name: 2 * graph.value_at(c.written, baseline.hints) / bw
+        bw = baseline.device.bandwidth   # and reading it back in backward; neither where an extern kernel
+        fwd, bwd = baseline.extern_read  # reads it there (it is a buffer there either way)
+        keep_time = {c.name: ((c.name not in fwd) + (c.name not in bwd)) * graph.value_at(c.written, baseline.hints) / bw
                      for c in baseline.costs.nodes if c.kind == "memory"}
     # Op by op (aten), a tensor the backward first reads at or before the step's peak is live at the
     # peak whether it is kept or recomputed: recomputing it costs time and saves nothing, so it is

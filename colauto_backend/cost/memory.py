@@ -86,6 +86,36 @@ def _needed(nodes: list[fx.Node], members: set, kind: dict, returned: set) -> di
     return needed
 
 
+_EXTERN = ("matmul", "comm", "unknown")
+
+
+def extern_read(joint: fx.Graph) -> tuple[frozenset[str], frozenset[str]]:
+    """(forward, backward): names of the joint graph's forward ops whose value, directly or through views,
+    an extern kernel (matmul, collective, unknown op) reads in the forward (or the forward returns it),
+    and in the backward. Such a value is a buffer there whatever the plan: a LayerNorm output a matmul
+    reads is written by the forward anyway, and recomputed for a matmul in the backward it must be
+    written again, by a kernel of its own (read its inputs, write it) that no consumer fuses."""
+    fwd: set[fx.Node] = set()
+    bwd: set[fx.Node] = set()
+    for n in reversed(list(joint.nodes)):      # users first: a view's flags are known before its base's
+        if n.op != "call_function":
+            continue
+        for u in n.users:
+            if u.op == "output":
+                fwd.add(n)      # the forward's outputs (the backward's are not forward values)
+            elif u.op == "call_function":
+                kind = _kind(u)
+                if kind in _EXTERN:
+                    (bwd if u.meta.get("partitioner_tag") == "is_backward" else fwd).add(n)
+                elif kind == "view":
+                    if u in fwd:
+                        fwd.add(n)
+                    if u in bwd:
+                        bwd.add(n)
+    forward = lambda s: frozenset(n.name for n in s if n.meta.get("partitioner_tag") != "is_backward")  # noqa: E731
+    return forward(fwd), forward(bwd)
+
+
 def kernel_fused_of(nodes: list[fx.Node], returned: set, recomputed: frozenset[str] = frozenset()) -> set[fx.Node]:
     """The time model's fused nodes: memory-bound nodes whose work runs inside another kernel, so that
     they cost no time of their own. Every consumer (through views) is memory-bound, at most
