@@ -107,20 +107,22 @@ class Analysis:
         bwd = self.extern_read[1]
         return np.array([n.name in bwd for n in self.costs.nodes], dtype=bool)
 
-    def recompute_times(self, values: np.ndarray, times: np.ndarray, alone: np.ndarray) -> np.ndarray:
+    def recompute_times(self, values: np.ndarray, times: np.ndarray, alone: np.ndarray,
+                        extern: bool = True) -> np.ndarray:
         """Seconds the backward spends re-running each node (`times`: as the step runs it; `alone`: as
         its own kernel). Under Inductor a recomputed memory-bound op runs inside the fused kernel that
         reads it: a fraction of its input reads, no kernel; a value several layers use, its time as its
         own kernel once per layer; a gather, or a value an extern kernel of the backward reads (a
         LayerNorm or GeLU output a weight gradient's matmul reads: it must be written again), its time
-        as its own kernel once."""
+        as its own kernel once (`extern=False`: a fraction of its reads there too, the pricing the planner
+        also draws candidates from)."""
         if not self.fused:
             return times
         reads = table._pad(self.costs.read, len(values)) @ values
         fused = FUSED_RECOMPUTE_FRACTION * reads / self.device.bandwidth
         layers = self.costs.layers_using
         whole = np.where(self._is_gather | (layers > 1), layers * alone,
-                         np.where(self._read_by_extern_in_backward, alone, fused))
+                         np.where(self._read_by_extern_in_backward & extern, alone, fused))
         return np.where(self._is_memory_bound, whole, times)
 
     def symbolic(self) -> dict[str, Expr]:
