@@ -56,7 +56,7 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
 
 
 REPLANNED = counters.counter("steps planned again: the compiled code's peak was over the budget")
-ATTEMPTS = 3   # compiles of one step at most, the first included (a backward compiled again under auto rules:
+ATTEMPTS = 4   # compiles of one step at most, the first included (a backward compiled again under auto rules:
                # `_codegen`, not counted)
 FUSION_REFUSED_AGAIN = counters.counter(
     "backwards compiled again refusing horizontal fusions of recomputation: the compiled code's peak was over the budget")
