@@ -364,16 +364,16 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
 def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_compiled_code_is_over_the_budget(
         tmp_path, monkeypatch):
     """COLAUTO_PLANNED_RULES=auto (the default) on HF Qwen2 with codegen inductor on CPU, the CPU allocator
-    (`bench.cpu_peak`) the reference. At 0.8 of the way from the held state to the unplanned peak the step
-    compiles once, with Inductor's own horizontal fusions (none refused), and is measured under the budget.
-    At 0.65 those fusions take the compiled code over the budget (at 0.6 by 1.15 MiB, bench/results/cpu-2026-12-06-auto-rules):
-    the same plan's backward is compiled again refusing them (counted, said in one line; from a copy of
-    the graph taken before Inductor's passes rewrote it), and the step is measured
-    under the budget; the rules are kept with the plans, so a second launch compiles once, under both.
-    The escalation is Inductor 2.13's: its horizontal fusions take this step over the budget at 0.65 (and
-    0.6, 0.7), torch 2.11's do not (15.01 MiB measured at 0.65, compiled -0.1%; 0.6 is below its smallest
-    plan, 2026-12-07). Under 2.11 the test checks the step is held without the second compile; the
-    escalation forced by an unread peak is checked under both."""
+    (`bench.cpu_peak`) the reference, at 0.8 and 0.65 of the way from the held state to the unplanned peak.
+    Each step is compiled with Inductor's own horizontal fusions of recomputed ops first; where they take
+    the compiled code over the budget, the same plan's backward is compiled again refusing them (counted,
+    said in one line; from a copy of the graph taken before Inductor's passes rewrote it); either way the
+    step is measured under the budget, and never re-planned. The rules are kept with the plans, so a
+    second launch compiles once, under both. The escalation is Inductor 2.13's: under the planner's pricing
+    of 2026-12-07 (a recomputed value a backward matmul reads costs its own kernel) at 0.8, and at 0.65 too
+    with the plan cache on (as here); before it at 0.65 and not at 0.8 (bench/results/cpu-2026-12-06-auto-rules).
+    torch 2.11's fusions hold both budgets (2026-12-07): under 2.11 the test checks the steps are held
+    without the second compile; the escalation forced by an unread peak is checked under both."""
     from bench import cpu_peak
     from colauto_backend import _torch_compat as compat, backend
     from examples.hf_zoo import build_hf
@@ -385,19 +385,22 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     esc = 1 if compat.torch_at_least(2, 13) else 0     # whether Inductor's fusions break the budget (above)
     rows = cpu_peak.points("qwen2", "inductor", [0.8, 0.65])
     assert all("error" not in row for row in rows), rows
-    at8, at6 = rows[1], rows[2]
-    assert at8["measured_bytes"] <= at8["budget_bytes"], at8
-    assert at8["fusion_refused_again"] == 0 and at8["fusions_refused"] == 0 and at8["replanned"] == 0, at8
-    assert at6["measured_bytes"] <= at6["budget_bytes"], at6
-    assert at6["fusion_refused_again"] == esc and (at6["fusions_refused"] > 0) == bool(esc), at6
-    assert at6["replanned"] == 0, at6
-    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + esc
+    points = rows[1:]
+    for row in points:     # each held, compiled once or (its fusions over the budget) twice, never re-planned
+        assert row["measured_bytes"] <= row["budget_bytes"], row
+        assert row["replanned"] == 0 and row["fusion_refused_again"] in (0, 1), row
+        assert (row["fusions_refused"] > 0) == bool(row["fusion_refused_again"]), row
+    escalated = [row for row in points if row["fusion_refused_again"]]
+    assert bool(escalated) == bool(esc), points      # 2.13: at 0.8 (and 0.65 with the plan cache on); 2.11: none
+    hot = escalated[0] if escalated else points[0]
+    assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + len(escalated)
     assert (sum(compat.RECOMPUTE_KEPT_APART.values()) > refused) == bool(esc)
     said = [json.loads(line) for line in open(tmp_path / "report.replanned.jsonl")] if esc else []
-    assert not esc or ([d["rules"] for d in said] == [["fusion", "reuse"]] and said[0]["over_bytes"] > 0), said
+    assert [d["rules"] for d in said] == [["fusion", "reuse"]] * len(escalated), said
+    assert all(d["over_bytes"] > 0 for d in said), said
     rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
-    # 0.8, then 0.65 (its backward compiled twice where it escalated)
-    assert rules == [["reuse"], ["fusion", "reuse"] if esc else ["reuse"]], rules
+    # 0.8, then 0.65 (a backward compiled twice where it escalated)
+    assert rules == [["fusion", "reuse"] if row["fusion_refused_again"] else ["reuse"] for row in points], rules
     # the backward compiled again from its copy computes eager's loss and gradients (a launch with no kept rules)
     import copy
     from test_hf_models import assert_same, step
@@ -407,10 +410,10 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path / "fresh"))
     torch._dynamo.reset()
     from torch._inductor.utils import fresh_inductor_cache
-    options = {"codegen": "inductor", "memory_budget": at6["budget_bytes"]}
+    options = {"codegen": "inductor", "memory_budget": hot["budget_bytes"]}
     with fresh_inductor_cache():   # no compiled step from torch's cache (an earlier run's): compiled here
         got = step(model, torch.compile(model, backend="colauto", options=options), batch)
-        assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + 2 * esc
+        assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again + len(escalated) + esc
         assert_same(got, step(ref, ref, batch), atol=1e-5)
         # a backward whose code's allocations were not read (as when Inductor loads it from its cache) is
         # not trusted: compiled again under the rule (its first reading is dropped here, as a hit has none)
@@ -440,8 +443,8 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     again = sum(backend.FUSION_REFUSED_AGAIN.values())
     torch.manual_seed(0)
     model, make = build_hf("qwen2")               # a second launch: a fresh model, the same graph and budget
-    measured, _ = cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": at6["budget_bytes"]})
-    assert measured <= at6["budget_bytes"], (measured, at6)
+    measured, _ = cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": hot["budget_bytes"]})
+    assert measured <= hot["budget_bytes"], (measured, hot)
     assert sum(backend.FUSION_REFUSED_AGAIN.values()) == again          # the kept rules: one compile
     rules = [json.loads(line)["rules"] for line in open(tmp_path / "report.planned_rules.jsonl")]
     # the fresh launch's copy, the unread backward's copy, the user's `reuse`, the kept rules
@@ -450,7 +453,7 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     # each escalation is said in one line: the last, the unread peak's (forced above), names no compiled peak
     said = [json.loads(line) for line in open(tmp_path / "report.replanned.jsonl")]
     assert said[-1]["rules"] == ["fusion", "reuse"] and said[-1]["compiled_bytes"] is None, said
-    assert len(said) == 1 + 2 * esc, said     # 0.65's and the fresh launch's, where Inductor's fusions broke it
+    assert len(said) == 1 + len(escalated) + esc, said   # the points' and the fresh launch's escalations
 
 
 def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would():
