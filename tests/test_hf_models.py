@@ -42,8 +42,9 @@ def compile_under_budget(model, batch, codegen, unplanned: int, held: int):
     """Compiled with a budget below the unplanned peak: 90% of its activations and temporaries, or, where
     no plan reaches that (BudgetError), halfway between the smallest peak a plan reaches and the unplanned.
     Where a step under a budget is smaller than the unplanned one (COLAUTO_CHUNKED_LOSS=on computes the loss's
-    gradient in the forward) it may fit that budget without a plan: then the same again from the lower
-    unplanned peak, so that the plan recomputes."""
+    gradient in the forward), or a plan fits it by saving other values and recomputing none (HF ViT under
+    Inductor since the 2026-12-07 pricing), it may fit that budget with nothing recomputed: then the same
+    again from the peak it reached, so that the plan recomputes."""
     ceiling = unplanned       # a budget the attempt's BudgetError may fall back to (halfway below it)
     for attempt in range(2):
         budget = int(held + 0.9 * (unplanned - held))
@@ -62,7 +63,7 @@ def compile_under_budget(model, batch, codegen, unplanned: int, held: int):
         plans = [a.plan for a in backend_mod.ANALYSES if a.plan is not None]
         if attempt or any(a.recomputed for a in backend_mod.ANALYSES) or not plans:
             break
-        unplanned, ceiling = max(p.peak_without_bytes for p in plans), budget   # the chunked loss's; a fitting one
+        unplanned, ceiling = max(p.peak_with_bytes for p in plans), budget   # reached without recomputing; fits
         torch._dynamo.reset()
         backend_mod.ANALYSES.clear()
     model.zero_grad(set_to_none=True)
