@@ -5,9 +5,11 @@
    it is the plan.
 2. Otherwise the DP (solver/remat.py) gives the exact Pareto frontier of (bytes kept for backward,
    recompute time) over the forward DAG (graph.py). A fixed set of frontier points (all, or
-   MAX_CANDIDATES spread evenly) become candidate plans. Under Inductor codegen a candidate fixes only
-   the compute-bound nodes (matmuls, attention); the min-cut partitioner places the fusible ops
-   around them (emit/remat.py).
+   MAX_CANDIDATES spread evenly) become candidate plans; under Inductor codegen also those of the frontier
+   under the older pricing (`_solve(extern=False)`: every recomputed memory-bound value fused into its
+   reader), which reaches lower peaks, chosen among by the same modeled step time. Under Inductor
+   codegen a candidate may fix only the compute-bound nodes (matmuls, attention); the min-cut
+   partitioner places the fusible ops around them (emit/remat.py).
 3. Each candidate that decides every node has its partition modeled, not run
    (cost/memory.predict_partition: which values the partitioner saves and recomputes, and the step's
    liveness at the example sizes; under Inductor and Triton codegen with Inductor's fusion, as the
@@ -23,13 +25,13 @@
    explain() reports the modeled plan without partitioning where the model is exact (aten:
    Planner.plan(partition=False)); otherwise it reports the real partition of the plan, as compiling does.
 4. Under Inductor and Triton codegen, the candidates that fix only the compute-bound nodes (min-cut
-   places all the rest, which no model predicts) are searched on real partitions only where no modeled
+   places all the rest, which no model predicts) are searched on real partitions where no modeled
    candidate fits (near the least feasible budget): a lower bound of each one's time
    (`Planner._least_time`) prunes them, and along the frontier, cut where the DP starts recomputing
-   fewer nodes (the real peak can rise there), a bisection per run finds the first that fits. Searched
-   beside a fitting modeled choice, they changed no plan (HF Qwen2 and Llama at their bench widths, 6
-   budgets each; tests/test_remat_inductor.py against partitioning every candidate) and cost one or two
-   extra partitions a plan, the largest part of planning time.
+   fewer nodes (the real peak can rise there), a bisection per run finds the first that fits. Beside a
+   fitting modeled choice the same search runs MAX_BESIDE partitions at most (under the pricing before
+   2026-12-07 it changed no plan of HF Qwen2 and Llama at their bench widths; since, on the project's
+   tiny GPT-2 one candidate is 2% faster at less memory than the modeled choice).
 "Fits" means a simulated peak within the budget less HEADROOM (0.5%, for allocations the model does
 not see). The candidate set does not depend on the budget, and a smaller budget only shrinks the set
 of candidates that fit; the choice among them is monotone where the model is exact (aten). Where it
@@ -77,7 +79,8 @@ MAX_MODELED = 64
 MAX_PROBES = 6
 # Real partitions of compute-only candidates searched beside a fitting modeled choice, for one budget: on
 # the project's GPT-2 (CPU, 4x64) one of them is 2% faster at less memory than the modeled choice; on GPT-2
-# 124M and HF Qwen2 at their bench shapes (h200 preset) none was, where an unbounded search ran 4 more.
+# 124M at its bench shape (h200 preset, 100% and 75% of its activations) none was, where an unbounded search
+# ran 4 more partitions (2 s of planning on a 2-core CPU).
 MAX_BESIDE = 2
 
 
