@@ -740,6 +740,18 @@ def every_dim_dynamic(tensors: Sequence[Any]):
                     setattr(t, attr, value)
 
 
+def logging_ignored():
+    """A capture for profile() or explain() (nothing it traces runs) with every `logging.Logger` method a
+    no-op to Dynamo (`torch._dynamo.config.ignore_logging_functions`), not a graph break: the capture is
+    one graph, and HF transformers' `loss_function` calls `logger.warning_once` the first time a model
+    without a `loss_type` computes its loss (HF GPT-2 explain() and profile() failed on it in a fresh
+    process). Methods added to Logger after import (transformers' warning_once, warning_advice) count."""
+    import logging
+    methods = {fn for name, fn in vars(logging.Logger).items() if callable(fn) and not name.startswith("_")}
+    return torch._dynamo.config.patch(
+        ignore_logging_functions=set(torch._dynamo.config.ignore_logging_functions) | methods)
+
+
 @contextlib.contextmanager
 def sizes_forgotten(static: bool):
     """A capture for profile() or explain(), which is not the user's compile: `static`, traced at the

@@ -111,7 +111,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, options: dict | None,
     on_meta = meta.on_meta(*example_inputs, *kwargs.values(), next(model.parameters(), None))
     try:
         with compat.no_duck_sizing(), compat.every_dim_dynamic([*example_inputs, *kwargs.values()] if dynamic else []), \
-                compat.sizes_forgotten(static=not dynamic), meta.gpu_attention(on_meta), planner.gc_off(), \
+                compat.sizes_forgotten(static=not dynamic), compat.logging_ignored(), meta.gpu_attention(on_meta), \
+                planner.gc_off(), \
                 warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             compiled(*example_inputs, **kwargs)   # stops inside the backend once the analysis exists

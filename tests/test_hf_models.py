@@ -190,3 +190,20 @@ def test_convnext_flops_differ_from_flop_counter_only_by_its_grouped_weight_grad
         h.remove()
     assert over > 0
     assert colauto_flops(model, batch) == counted - over
+
+
+def test_profile_and_explain_capture_a_model_that_logs_in_its_forward():
+    """HF transformers' `loss_function` calls `logger.warning_once` the first time a model whose config has no
+    `loss_type` computes its loss (HF GPT-2): to Dynamo a graph break, and profile() and explain() capture
+    one graph, so in a fresh process both failed ("logging.Logger method not supported"). In their capture
+    (which runs nothing) every Logger method is a no-op (`compat.logging_ignored`); torch.compile keeps
+    Dynamo's break. The FLOPs are FlopCounterMode's count of the eager step."""
+    import logging
+    model, make = build_hf("gpt2")
+    batch = make(*sizes("gpt2"))
+    once = logging.Logger.warning_once      # transformers' (an lru_cache): as in a fresh process, not yet logged
+    once.cache_clear()
+    prof = colauto_backend.profile(model, kwargs=batch)
+    plan = colauto_backend.explain(model, kwargs=batch, budget="none")
+    assert plan.peak_with_bytes == prof.peak_memory_bytes > 0
+    assert prof.flops_fwd + prof.flops_bwd == counted_flops(model, batch)
