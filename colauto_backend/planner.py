@@ -25,13 +25,15 @@
    explain() reports the modeled plan without partitioning where the model is exact (aten:
    Planner.plan(partition=False)); otherwise it reports the real partition of the plan, as compiling does.
 4. Under Inductor and Triton codegen, the candidates that fix only the compute-bound nodes (min-cut
-   places all the rest, which no model predicts) are searched on real partitions where no modeled
+   places all the rest, which no model predicts) are searched on real partitions only where no modeled
    candidate fits (near the least feasible budget): a lower bound of each one's time
    (`Planner._least_time`) prunes them, and along the frontier, cut where the DP starts recomputing
-   fewer nodes (the real peak can rise there), a bisection per run finds the first that fits. Beside a
-   fitting modeled choice the same search runs MAX_BESIDE partitions at most (under the pricing before
-   2026-12-07 it changed no plan of HF Qwen2 and Llama at their bench widths; since, on the project's
-   tiny GPT-2 one candidate is 2% faster at less memory than the modeled choice).
+   fewer nodes (the real peak can rise there), a bisection per run finds the first that fits. Searched
+   beside a fitting modeled choice, they changed no plan of HF Qwen2 and Llama at their bench widths
+   before 2026-12-07 (6 budgets each) nor of GPT-2 124M at its bench shape since (100% and 75% of its
+   activations), and cost half of a budgeted plan's time (HF Qwen2 at its bench shape, 75%: 6.7 s with
+   2 such partitions, on a 2-core CPU); on the project's tiny GPT-2 under the CPU preset one is 2%
+   faster at less memory than the modeled choice at a budget where it is not searched.
 "Fits" means a simulated peak within the budget less HEADROOM (0.5%, for allocations the model does
 not see). The candidate set does not depend on the budget, and a smaller budget only shrinks the set
 of candidates that fit; the choice among them is monotone where the model is exact (aten). Where it
@@ -77,11 +79,6 @@ MAX_CANDIDATES = 12
 MAX_MODELED = 64
 # Real partitions that may check modeled candidates for one budget (planner.Planner._probe).
 MAX_PROBES = 6
-# Real partitions of compute-only candidates searched beside a fitting modeled choice, for one budget: on
-# the project's GPT-2 (CPU, 4x64) one of them is 2% faster at less memory than the modeled choice; on GPT-2
-# 124M at its bench shape (h200 preset, 100% and 75% of its activations) none was, where an unbounded search
-# ran 4 more partitions (2 s of planning on a 2-core CPU).
-MAX_BESIDE = 2
 
 
 class BudgetError(PassThroughError):
@@ -267,14 +264,9 @@ class Planner:
             chosen = (first_fit, ev, None, analysis, False)
         elif not (self.exact and first_fit is None):   # exact: no real partition fits where no model does
             chosen, misses = self._probe(order, limit)
-        if cands.searched and (chosen is None or chosen[4]):
-            # the compute-only candidates, which min-cut completes: where no modeled candidate fits, and
-            # beside a checked modeled choice those whose least time beats it (min-cut's own placement of
-            # the fusible ops can be faster at no more memory: the project's GPT-2 on CPU under Inductor)
-            beat = math.inf if chosen is None else chosen[1]["est_step_time_s"]
-            found = self._search(cands.searched, limit, beat, None if chosen is None else MAX_BESIDE)
-            if found is not None and found[1]["est_step_time_s"] < beat:
-                chosen = (*found, True)
+        if chosen is None:     # no modeled candidate fits: the compute-only ones, which min-cut completes
+            found = self._search(cands.searched, limit)
+            chosen = None if found is None else (*found, True)
         if chosen is None:     # the least peak known, to tell the user (every candidate run included)
             least = [ev for ev, _, _ in self._simulated.values()]
             least_keep = min(order, key=self._peak, default=None)
@@ -327,16 +319,14 @@ class Planner:
                     break
         return fastest_fit(), misses
 
-    def _search(self, ordered: list[tuple], limit: float, beat: float = math.inf,
-                most: int | None = None) -> tuple[tuple, dict, tuple, Analysis] | None:
+    def _search(self, ordered: list[tuple], limit: float) -> tuple[tuple, dict, tuple, Analysis] | None:
         """The fastest of `ordered` (fastest first) whose real partition fits (`_least_time` prunes those
         that cannot beat the best found so far). Along the frontier the DP recomputes more nodes
         point by point and the peak falls, but not across a point where it recomputes fewer, larger
         values instead: there the real peak can rise again (the DP's model of what min-cut keeps is not
         min-cut's; seen on HF Qwen2 at the logits). So `ordered` is cut into runs where the number of
         nodes tagged for recomputation grows, and each run's candidates that may beat the best found so
-        far (or `beat`, the time of a choice made without them) are bisected on real partitions (the slowest
-        first: if it does not fit, none of the run does), `most` new partitions at most."""
+        far are bisected on real partitions (the slowest first: if it does not fit, none of the run does)."""
         if not ordered:
             return None
         forced = [sum(1 for k in keep if k is False) for keep in ordered]
@@ -349,27 +339,19 @@ class Planner:
                 run = [i]
         runs.append(run)
 
-        ran = len(self._simulated)
-
         def fits(i: int) -> bool:
             return self.partitioned(ordered[i])[0]["peak_memory_bytes"] <= limit
 
-        def spent() -> bool:
-            return most is not None and len(self._simulated) - ran >= most
-
-        bound = beat      # a choice made without these (the modeled one): only what beats it is searched
         for run in runs:
-            if spent():
-                break
             found = self._fastest_partitioned(ordered, limit)
-            beat = min(bound, found[1]["est_step_time_s"] if found is not None else math.inf)
+            beat = found[1]["est_step_time_s"] if found is not None else math.inf
             # a candidate that forces no recomputation is min-cut's own partition with some values
             # pinned: no smaller than the unplanned one, which did not fit
             run = [i for i in run if forced[i] and self._least_time(ordered[i]) < beat]
             if not run or not fits(run[-1]):
                 continue
             lo, hi = 0, len(run) - 1
-            while lo < hi and not spent():
+            while lo < hi:
                 mid = (lo + hi) // 2
                 if fits(run[mid]):
                     hi = mid
