@@ -32,8 +32,9 @@
    beside a fitting modeled choice, they changed no plan of HF Qwen2 and Llama at their bench widths
    before 2026-12-07 (6 budgets each) nor of GPT-2 124M at its bench shape since (100% and 75% of its
    activations), and cost half of a budgeted plan's time (HF Qwen2 at its bench shape, 75%: 6.7 s with
-   2 such partitions, on a 2-core CPU); on the project's tiny GPT-2 under the CPU preset one is 2%
-   faster at less memory than the modeled choice at a budget where it is not searched.
+   2 such partitions, on a 2-core CPU); on the project's tiny GPT-2 under the CPU preset, one found at
+   the least budget is 2% faster at less memory than the modeled choice of a larger budget, where the
+   search does not run.
 "Fits" means a simulated peak within the budget less HEADROOM (0.5%, for allocations the model does
 not see). The candidate set does not depend on the budget, and a smaller budget only shrinks the set
 of candidates that fit; the choice among them is monotone where the model is exact (aten). Where it
