@@ -75,6 +75,9 @@ _POINTWISE_LOWERED = frozenset({
     _aten.alias_copy, _aten.flip, _aten.roll, _aten.repeat})
 
 
+_EXTERN = ("matmul", "comm", "unknown")     # kinds Inductor runs as extern kernels (they read buffers)
+
+
 def _needed(nodes: list[fx.Node], members: set, kind: dict, returned: set) -> dict[fx.Node, bool]:
     """Whether each node's value must be a buffer: the graph returns it, or an extern kernel (matmul,
     collective, unknown op) reads it, directly or through views."""
@@ -82,11 +85,8 @@ def _needed(nodes: list[fx.Node], members: set, kind: dict, returned: set) -> di
     for n in reversed(nodes):
         users = [u for u in n.users if u in members]
         needed[n] = n in returned or any(
-            kind[u] in ("matmul", "comm", "unknown") or (kind[u] == "view" and needed[u]) for u in users)
+            kind[u] in _EXTERN or (kind[u] == "view" and needed[u]) for u in users)
     return needed
-
-
-_EXTERN = ("matmul", "comm", "unknown")
 
 
 def extern_read(joint: fx.Graph) -> tuple[frozenset[str], frozenset[str]]:
