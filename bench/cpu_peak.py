@@ -92,7 +92,8 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
             options["memory_budget"] = row["budget_bytes"] = int(base[1] + fraction * (base[0] - base[1]))
         from colauto_backend import _torch_compat as compat, backend
         refused = sum(compat.RECOMPUTE_KEPT_APART.values())
-        again = (sum(backend.REPLANNED.values()), sum(backend.FUSION_REFUSED_AGAIN.values()))
+        again = (sum(backend.REPLANNED.values()), sum(backend.FUSION_REFUSED_AGAIN.values()),
+                 sum(backend.LOOSENED.values()), sum(backend.LOOSER_OVER.values()))
         try:
             measured, planned = measured_step(model, batch, options, drop_outputs)
         except Exception as exc:  # noqa: BLE001 - recorded as the point's result
@@ -108,6 +109,7 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
         if fraction is None:
             base = (predicted, evs[0]["param_bytes"] + evs[0]["grad_bytes"] + evs[0]["optimizer_state_bytes"])
         rows.append(row | {"measured_bytes": measured, "predicted_bytes": predicted, "graphs": len(evs),
+                           "recomputed": sum(len(a.recomputed) for a in planned),
                            "error_pct": 100 * (predicted / measured - 1),
                            "over_budget": fraction is not None and measured > row["budget_bytes"],
                            # horizontal fusions of a recomputation refused (compat._as_planned)
@@ -115,7 +117,11 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
                            # compiles again (backend._held_to_budget): re-planned under a margin, and (auto
                            # rules) the same plan with Inductor's fusions of recomputation refused
                            "replanned": sum(backend.REPLANNED.values()) - again[0],
-                           "fusion_refused_again": sum(backend.FUSION_REFUSED_AGAIN.values()) - again[1]})
+                           "fusion_refused_again": sum(backend.FUSION_REFUSED_AGAIN.values()) - again[1],
+                           # planned again under more of the budget (the compiled step well under it), and
+                           # those looser plans that went over it (the plan that held kept)
+                           "loosened": sum(backend.LOOSENED.values()) - again[2],
+                           "looser_over": sum(backend.LOOSER_OVER.values()) - again[3]})
     return rows
 
 
@@ -154,7 +160,9 @@ def main(argv=None) -> int:
                       + (f"  compiled code {row['compiled_bytes'] / 2**20:8.2f} MiB ({row['compiled_error_pct']:+.1f}%)"
                          if "compiled_bytes" in row else "")
                       + (f"  fusions refused {row['fusions_refused']}, compiled again: fusion rule "
-                         f"{row['fusion_refused_again']}, re-planned {row['replanned']}" if row["fraction"] is not None else "")
+                         f"{row['fusion_refused_again']}, re-planned {row['replanned']}, loosened {row['loosened']} "
+                         f"(over: {row['looser_over']}), budget {row['budget_bytes'] / 2**20:.2f} MiB, "
+                         f"{row['recomputed']} ops recomputed" if row["fraction"] is not None else "")
                       + ("  MEASURED ABOVE THE BUDGET" if row["over_budget"] else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

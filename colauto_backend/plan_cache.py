@@ -22,6 +22,7 @@ the same plan at once leave one valid file.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -81,18 +82,28 @@ def margin_key(gm: fx.GraphModule, example_inputs: list, settings: tuple) -> str
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def load_margin(digest: str) -> tuple[int, frozenset[str] | None]:
-    """The bytes an earlier launch found its compiled step over the budget by (0: none kept), and the
-    planned-graph rules it had to be compiled under (None: none kept)."""
+@dataclasses.dataclass(frozen=True)
+class KeptMargin:
+    """What an earlier launch learned about holding one step to its budget (`backend._held_to_budget`)."""
+    nbytes: int = 0                          # plan under the budget less this (negative: more than the budget)
+    rules: frozenset[str] | None = None      # the planned-graph rules the step had to be compiled under
+    settled: bool = False                    # the search for a looser plan ran: a later launch does not redo it
+
+
+def load_margin(digest: str) -> KeptMargin:
+    """The margin kept for a step (`KeptMargin()`: none kept, or a file that does not parse)."""
     kept = load(f"margins/{digest}") or {}
     rules = kept.get("rules")
-    return (int(kept["bytes"]) if isinstance(kept.get("bytes"), int) else 0,
-            frozenset(rules) if isinstance(rules, list) and all(isinstance(r, str) for r in rules) else None)
+    return KeptMargin(int(kept["bytes"]) if isinstance(kept.get("bytes"), int) else 0,
+                      frozenset(rules) if isinstance(rules, list) and all(isinstance(r, str) for r in rules) else None,
+                      kept.get("settled") is True)
 
 
-def store_margin(digest: str, nbytes: int, rules: frozenset[str] | None = None) -> str | None:
-    """Keep the margin (and the rules the step needed, if given); None, or why it could not be kept."""
-    return store(f"margins/{digest}", {"bytes": int(nbytes)} | ({"rules": sorted(rules)} if rules is not None else {}))
+def store_margin(digest: str, nbytes: int, rules: frozenset[str] | None = None, settled: bool = False) -> str | None:
+    """Keep the margin (and the rules the step needed, if given; `settled`: see KeptMargin); None, or why
+    it could not be kept."""
+    return store(f"margins/{digest}", {"bytes": int(nbytes)} | ({"rules": sorted(rules)} if rules is not None else {})
+                 | ({"settled": True} if settled else {}))
 
 
 def load(digest: str) -> dict[str, Any] | None:

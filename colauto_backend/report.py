@@ -520,6 +520,25 @@ def emit_replanned(data: dict, setting: str | None) -> None:
     _emit_beside(setting, lambda: render_replanned(data), ".replanned.jsonl", "a", lambda: json.dumps(data) + "\n")
 
 
+def render_loosened(data: dict) -> str:
+    if data.get("kept_bytes") is not None:
+        over = ("could not be held to the budget" if data.get("looser_bytes") is None
+                else f"peaked {fmt_bytes(data['looser_bytes'])}, over the budget")
+        return (f"colauto: the looser plan's compiled step {over}: the plan that held it (peak "
+                f"{fmt_bytes(data['kept_bytes'])}) runs, and later launches plan so at once")
+    return (f"colauto: the compiled code's peak {fmt_bytes(data['compiled_bytes'])} leaves "
+            f"{fmt_bytes(data['budget_bytes'] - data['compiled_bytes'])} of the budget {fmt_bytes(data['budget_bytes'])} "
+            f"unused (the memory model put it at {fmt_bytes(data['model_bytes'])}): planned and compiled again under "
+            f"{fmt_bytes(data['planned_under_bytes'])}, recomputing less")
+
+
+def emit_loosened(data: dict, setting: str | None) -> None:
+    """A step whose compiled code peaked well under the budget, planned again under more of it, and, where
+    that plan's step went over, the plan that held it kept (backend._held_to_budget). Not a warning (the
+    budget holds either way): a COLAUTO_REPORT line (JSON: appended lines)."""
+    _emit_beside(setting, lambda: render_loosened(data), ".loosened.jsonl", "a", lambda: json.dumps(data) + "\n")
+
+
 def emit_compiled_peak(analysis: "Analysis", compiled: tuple[int, str], setting: str | None,
                        dropped: tuple[int, str] | None = None, held: int | None = None, again: bool = False) -> None:
     """Once Inductor compiled every graph of a training step: the step's peak with those graphs run as

@@ -361,6 +361,66 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
     assert sum(backend.REPLANNED.values()) == again    # the kept margin: one plan, one compile
 
 
+def test_a_step_compiled_well_under_the_budget_is_planned_again_under_more_of_it(tmp_path, monkeypatch):
+    """HF Qwen2 with codegen inductor on CPU at 0.6 of the way from the held state to the unplanned peak: the
+    memory model puts its plan's peak above what the compiled code reaches (2026-12-07: 13.80 MiB modelled,
+    12.92 measured by the CPU allocator, under a 14.10 MiB budget; on an H100, HF Qwen2-0.5B at half its
+    activations: 13.57 GiB modelled, 11.91 measured, under 13.72), so the plan recomputes more than the
+    budget needs. The compiled code's peak leaves over 5% of the budget unused, so the step is planned and
+    compiled again under more of it (backend._looser_margin; counted, reported): the CPU allocator (the
+    independent reference) measures it above the same budget's plan with that search off and still under
+    the budget, with fewer ops recomputed. A second launch plans under the kept margin at once: the same
+    peak, one compile, no search."""
+    from bench import cpu_peak
+    from colauto_backend import backend
+    from examples.hf_zoo import build_hf
+    monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
+    monkeypatch.delenv("COLAUTO_PLANNED_RULES", raising=False)
+    _, row = cpu_peak.points("qwen2", "inductor", [0.6])
+    assert "error" not in row, row
+    assert row["loosened"] >= 1 and row["looser_over"] == 0 and row["replanned"] == 0, row
+    assert row["measured_bytes"] <= row["budget_bytes"], row
+    said = [json.loads(line) for line in open(tmp_path / "report.loosened.jsonl")]
+    assert len(said) == row["loosened"], said
+    assert all(d["planned_under_bytes"] > d["budget_bytes"] > d["compiled_bytes"] for d in said), said
+    assert all(d["model_bytes"] > d["compiled_bytes"] for d in said), said
+    from colauto_backend import report
+    assert report.render_loosened(said[0]).startswith("colauto: the compiled code's peak "), said[0]
+    options = {"codegen": "inductor", "memory_budget": row["budget_bytes"]}
+    batch = lambda make: make(8, 256)   # noqa: E731 - cpu_peak's batch
+    loosened = sum(backend.LOOSENED.values())
+    torch.manual_seed(0)
+    model, make = build_hf("qwen2")     # a second launch: a fresh model, the same graph, budget and cache
+    second, planned = cpu_peak.measured_step(model, batch(make), options)
+    assert sum(backend.LOOSENED.values()) == loosened, "the kept margin was searched again"
+    assert second == pytest.approx(row["measured_bytes"], rel=1e-3)
+    assert sum(len(a.recomputed) for a in planned) == row["recomputed"]
+    # the same budget with the search off (a fresh cache: no margin kept)
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path / "off"))
+    monkeypatch.setattr(backend, "_looser_margin", lambda *args: None)
+    torch.manual_seed(0)
+    model, make = build_hf("qwen2")
+    off, planned = cpu_peak.measured_step(model, batch(make), options)
+    assert off < row["measured_bytes"] <= row["budget_bytes"], (off, row)
+    assert sum(len(a.recomputed) for a in planned) > row["recomputed"], row
+    off_recomputed = sum(len(a.recomputed) for a in planned)
+    # a looser plan whose compiled step goes over the budget (here: planned under twice the budget, which
+    # needs no recomputation) is dropped, and the plan that held runs: the search-off plan, measured alike
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path / "over"))
+    monkeypatch.setattr(backend, "_looser_margin", lambda analysis, peak, budget, margin: margin - budget)
+    over = sum(backend.LOOSER_OVER.values())
+    torch.manual_seed(0)
+    model, make = build_hf("qwen2")
+    held, planned = cpu_peak.measured_step(model, batch(make), options)
+    assert sum(backend.LOOSER_OVER.values()) == over + 1
+    assert held == pytest.approx(off, rel=1e-3) and held <= row["budget_bytes"], (held, off)
+    assert [sum(len(a.recomputed) for a in planned)] == [off_recomputed]
+    kept = json.loads(open(tmp_path / "report.loosened.jsonl").readlines()[-1])
+    assert kept["looser_bytes"] > row["budget_bytes"] >= kept["kept_bytes"], kept
+
+
 def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_compiled_code_is_over_the_budget(
         tmp_path, monkeypatch):
     """COLAUTO_PLANNED_RULES=auto (the default) on HF Qwen2 with codegen inductor on CPU, the CPU allocator
@@ -381,6 +441,9 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
     monkeypatch.delenv("COLAUTO_PLANNED_RULES", raising=False)
+    # no looser plan is searched for (a step well under the budget planned again: tested on its own below),
+    # so each launch compiles its plan once, or twice where its fusions go over
+    monkeypatch.setattr(backend, "_looser_margin", lambda *args: None)
     refused, again = sum(compat.RECOMPUTE_KEPT_APART.values()), sum(backend.FUSION_REFUSED_AGAIN.values())
     esc = 1 if compat.torch_at_least(2, 13) else 0     # whether Inductor's fusions break the budget (above)
     rows = cpu_peak.points("qwen2", "inductor", [0.8, 0.65])

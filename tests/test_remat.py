@@ -321,12 +321,15 @@ def test_a_kept_budget_margin_is_read_back_and_nothing_is_kept_with_the_cache_of
     key = plan_cache.margin_key(gm, [torch.zeros(2, 4)], ("bytes", 1e9))
     assert key != plan_cache.margin_key(gm, [torch.zeros(3, 4)], ("bytes", 1e9))      # the input's shape
     assert key != plan_cache.margin_key(gm, [torch.zeros(2, 4)], ("bytes", 2e9))      # the settings
-    assert plan_cache.load_margin(key) == (0, None)
+    none = plan_cache.KeptMargin(0, None, False)
+    assert plan_cache.load_margin(key) == none
     assert plan_cache.store_margin(key, 12345) is None
-    assert plan_cache.load_margin(key) == (12345, None)
+    assert plan_cache.load_margin(key) == plan_cache.KeptMargin(12345, None, False)
     assert plan_cache.store_margin(key, 0, frozenset({"reuse", "fusion"})) is None    # the rules a step needed
-    assert plan_cache.load_margin(key) == (0, {"fusion", "reuse"})
+    assert plan_cache.load_margin(key) == plan_cache.KeptMargin(0, frozenset({"fusion", "reuse"}), False)
+    assert plan_cache.store_margin(key, -4096, None, settled=True) is None          # a looser plan's, searched
+    assert plan_cache.load_margin(key) == plan_cache.KeptMargin(-4096, None, True)
     (tmp_path / "plans" / "margins" / f"{key}.json").write_text("{not json")
-    assert plan_cache.load_margin(key) == (0, None)
+    assert plan_cache.load_margin(key) == none
     monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
-    assert plan_cache.store_margin(key, 1) == "COLAUTO_PLAN_CACHE=0" and plan_cache.load_margin(key) == (0, None)
+    assert plan_cache.store_margin(key, 1) == "COLAUTO_PLAN_CACHE=0" and plan_cache.load_margin(key) == none
