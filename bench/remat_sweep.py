@@ -51,6 +51,10 @@ def colauto_budgets(model, make_inputs, spec, args) -> list[tuple[str, int]]:
 def run(spec, system: str, setting, args) -> dict:
     row = dict(spec, system=system, setting=setting[0] if system == "colauto" else setting, error=None)
     model = None
+    backend = colauto_backend.backend
+    compiles = lambda: (sum(backend.REPLANNED.values()), sum(backend.LOOSENED.values()),  # noqa: E731
+                        sum(backend.LOOSER_OVER.values()))
+    before = compiles()
     try:
         model, make_inputs, loss_of = build_model(spec, args.device)
         if system == "colauto":
@@ -68,6 +72,11 @@ def run(spec, system: str, setting, args) -> dict:
                        pred_step_s=plan.step_time_with_s, pred_recompute_s=plan.recompute_time_s,
                        plan_s=plan.plan_s, simulated_plans=plan.simulated_plans,
                        partitions_run=plan.partitions_run, model_misses=plan.model_misses)
+            # the step planned and compiled again: over the budget, under more of it (well under it), and
+            # looser plans that went over (the plan that held kept); `ANALYSES[-1]`: the plan that runs
+            row.update(zip(("replanned", "loosened", "looser_over"), [b - a for a, b in zip(before, compiles())]))
+            compiled = colauto_backend.backend.ANALYSES[-1].compiled_peak()
+            row["compiled_peak_bytes"] = compiled[0] if compiled else None
     except Exception as exc:  # noqa: BLE001 - a failed point is recorded, never dropped
         row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400]
     finally:
