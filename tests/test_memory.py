@@ -362,15 +362,16 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
 
 
 def test_a_step_compiled_well_under_the_budget_is_planned_again_under_more_of_it(tmp_path, monkeypatch):
-    """HF Qwen2 with codegen inductor on CPU at 0.6 of the way from the held state to the unplanned peak: the
-    memory model puts its plan's peak above what the compiled code reaches (2026-12-07: 13.80 MiB modelled,
-    12.92 measured by the CPU allocator, under a 14.10 MiB budget; on an H100, HF Qwen2-0.5B at half its
-    activations: 13.57 GiB modelled, 11.91 measured, under 13.72), so the plan recomputes more than the
-    budget needs. The compiled code's peak leaves over 5% of the budget unused, so the step is planned and
-    compiled again under more of it (backend._looser_margin; counted, reported): the CPU allocator (the
-    independent reference) measures it above the same budget's plan with that search off and still under
-    the budget, with fewer ops recomputed. A second launch plans under the kept margin at once: the same
-    peak, one compile, no search."""
+    """HF Qwen2 with codegen inductor on CPU at 0.75 of the way from the held state to the unplanned peak: the
+    memory model puts its plan's peak above what the compiled code reaches (it runs a recomputed residual
+    chain as one group; on an H100, HF Qwen2-0.5B at half its activations: 13.57 GiB modelled, 11.91
+    measured, under 13.72), so the plan recomputes more than the budget needs. The compiled code's peak
+    leaves over 5% of the budget unused, so the step is planned and compiled again under more of it
+    (backend._looser_margin; counted, reported; on torch 2.11 a second looser plan goes over the budget
+    and the one before it is kept): the CPU allocator (the independent reference) measures it above the
+    same budget's plan with that search off and still under the budget, with fewer ops recomputed. A
+    second launch plans under the kept margin at once: the same peak, one compile, no search. A looser
+    plan whose step goes over the budget is dropped for the plan that held."""
     from bench import cpu_peak
     from colauto_backend import backend
     from examples.hf_zoo import build_hf
@@ -378,12 +379,13 @@ def test_a_step_compiled_well_under_the_budget_is_planned_again_under_more_of_it
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
     monkeypatch.delenv("COLAUTO_PLANNED_RULES", raising=False)
-    _, row = cpu_peak.points("qwen2", "inductor", [0.6])
+    _, row = cpu_peak.points("qwen2", "inductor", [0.75])
     assert "error" not in row, row
-    assert row["loosened"] >= 1 and row["looser_over"] == 0 and row["replanned"] == 0, row
+    assert row["loosened"] >= 1 and row["looser_over"] <= 1 and row["replanned"] == 0, row
     assert row["measured_bytes"] <= row["budget_bytes"], row
     said = [json.loads(line) for line in open(tmp_path / "report.loosened.jsonl")]
-    assert len(said) == row["loosened"], said
+    assert len(said) == row["loosened"] + row["looser_over"], said     # a line a looser plan, and a line a drop
+    said = [d for d in said if "kept_bytes" not in d]
     assert all(d["planned_under_bytes"] > d["budget_bytes"] > d["compiled_bytes"] for d in said), said
     assert all(d["model_bytes"] > d["compiled_bytes"] for d in said), said
     from colauto_backend import report
