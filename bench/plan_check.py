@@ -50,7 +50,7 @@ def main() -> None:
     slow = planner_mod.Planner(fast.joint, fast.partition, fast.baseline, fast.analysis_for, fast.buffers)
     for f in (0.9, 0.6, 0.3, 0.0):
         budget = int(lo + f * (hi - lo))
-        fast._simulated.clear(), fast._modeled.clear(), fast._times.clear(), fast._ratios.clear()
+        fast._simulated.clear(), fast._modeled.clear(), fast._times.clear()
         start = time.perf_counter()
         p = fast.plan(budget)[0]
         line = (f"{f:.0%} of the range: {p.step_time_with_s * 1e3:.2f} ms, peak {p.peak_with_bytes / 2**20:.1f} MiB, "

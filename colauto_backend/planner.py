@@ -191,7 +191,10 @@ class Planner:
         self._simulated: dict[tuple, tuple[dict, tuple, Analysis]] = {}
         self._modeled: dict[tuple, tuple[dict, Analysis]] = {}
         self._times: dict[tuple, float] = {}        # modeled step time of each candidate (modeled_time)
-        self._ratios: list[float] = []      # real / modeled peak of each modeled candidate partitioned
+        # the candidates this plan() call has partitioned (their partitions may be reused from an earlier
+        # call): every choice reads these only, so a budget's plan does not depend on the budgets planned
+        # before it with the same planner (explain at several budgets, the backend's looser re-plans)
+        self._run_now: list[tuple] = []
         self._again = {c.name: float(t) for c, t in zip(baseline.costs.nodes, self.base["_recompute_times"])}
         # forward nodes backward reads, through views, and the view nodes' names (_least_time)
         self._read_by_backward: tuple[list[fx.Node], set[str]] | None = None
@@ -202,6 +205,7 @@ class Planner:
         partition=False (explain): a modeled plan is described as the model predicts it, not partitioned,
         and the plan cache is neither read nor written."""
         start, seen = time.perf_counter(), len(self._simulated)
+        self._run_now = []
         base, baseline = self.base, self.baseline
         limit = float("inf") if budget is None else budget * (1 - HEADROOM)
         if base["peak_memory_bytes"] <= limit:
@@ -260,7 +264,7 @@ class Planner:
         # exact (aten): every candidate faster than the choice is replayed, so the choice is the fastest that
         # fits and is monotone in the budget, and the least budget BudgetError names has a plan
         first_fit = next((keep for keep in order if self._peak(keep) <= limit), None) if self.exact else None
-        if first_fit is not None and not partition and first_fit not in self._simulated:
+        if first_fit is not None and not partition and first_fit not in self._run_now:
             ev, analysis = self.modeled(first_fit)   # the model is the partition: described without running it
             chosen = (first_fit, ev, None, analysis, False)
         elif not (self.exact and first_fit is None):   # exact: no real partition fits where no model does
@@ -269,7 +273,7 @@ class Planner:
             found = self._search(cands.searched, limit)
             chosen = None if found is None else (*found, True)
         if chosen is None:     # the least peak known, to tell the user (every candidate run included)
-            least = [ev for ev, _, _ in self._simulated.values()]
+            least = [self._simulated[keep][0] for keep in self._run_now]
             least_keep = min(order, key=self._peak, default=None)
             if least_keep is not None:
                 least.append(self.modeled(least_keep)[0] if self.exact and not partition
@@ -297,24 +301,22 @@ class Planner:
             return None if found is None else (*found, True)
         misses = 0
         for _ in range(MAX_PROBES):
-            best, ratios = fastest_fit(), sorted(self._ratios)
+            best, ratios = fastest_fit(), sorted(self._ratios())
             scale = ratios[len(ratios) // 2] if ratios else 1.0
-            untried = [keep for keep in order if keep not in self._simulated
+            untried = [keep for keep in order if keep not in self._run_now
                        and (best is None or self.modeled_time(keep) < self.modeled_time(best[0]))]
             probe = first_fitting(untried, lambda keep: self._peak(keep) * scale <= limit)
             if probe is None:
                 break
             ev = self.partitioned(probe)[0]
-            self._ratios.append(ev["peak_memory_bytes"] / self._peak(probe))
             misses += ev["peak_memory_bytes"] > limit
         if fastest_fit() is None:    # near the least feasible budget the model's error decides: try the
             for keep in sorted(order, key=self._peak)[:MAX_PROBES]:   # least modeled peaks for real,
-                if keep in self._simulated:                           # while the model's smallest
+                if keep in self._run_now:                             # while the model's smallest
                     continue                                          # real/modeled ratio seen lets one fit
-                if self._ratios and self._peak(keep) * min(self._ratios) > limit:
+                if self._ratios() and self._peak(keep) * min(self._ratios()) > limit:
                     break
                 ev = self.partitioned(keep)[0]
-                self._ratios.append(ev["peak_memory_bytes"] / self._peak(keep))
                 misses += ev["peak_memory_bytes"] > limit
                 if fastest_fit() is not None:
                     break
@@ -363,7 +365,8 @@ class Planner:
     def _fastest_partitioned(self, keeps: list[tuple], limit: float) -> tuple[tuple, dict, tuple, Analysis] | None:
         """The fastest of `keeps` already partitioned whose real peak fits: (tags, evaluation, graphs,
         analysis), or None."""
-        ran = [(keep, *self._simulated[keep]) for keep in keeps if keep in self._simulated
+        now = set(self._run_now)
+        ran = [(keep, *self._simulated[keep]) for keep in keeps if keep in now
                and self._simulated[keep][0]["peak_memory_bytes"] <= limit]
         return min(ran, key=lambda r: r[1]["est_step_time_s"], default=None)
 
@@ -473,8 +476,16 @@ class Planner:
         return self._candidates
 
     def partitioned(self, keep: tuple) -> tuple[dict, tuple, Analysis]:
-        """The candidate's partition and its simulated step (computed once per candidate)."""
+        """The candidate's partition and its simulated step (computed once per candidate), counted as run
+        by this plan() call."""
+        if keep not in self._run_now:
+            self._run_now.append(keep)
         return self._partition(tuple(self._candidate_set().names), keep)
+
+    def _ratios(self) -> list[float]:
+        """Real / modeled peak of each modeled candidate this plan() call partitioned."""
+        return [self._simulated[keep][0]["peak_memory_bytes"] / self._peak(keep)
+                for keep in self._run_now if keep in self._modeled]
 
     def _partition(self, names: tuple[str, ...], keep: tuple) -> tuple[dict, tuple, Analysis]:
         """The partition under tags `keep` on the nodes `names`, and its simulated step (once per tags)."""
