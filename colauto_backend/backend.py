@@ -76,6 +76,11 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     letting Inductor fuse recomputed ops horizontally; a backward that takes the step over the budget so
     is compiled again refusing that (`_codegen`, counted in FUSION_REFUSED_AGAIN) before any re-plan,
     and the rules are kept for later launches.
+    The other way: a step whose compiled code leaves LOOSER_ROOM of the budget or more unused where the
+    memory model put it higher is planned and compiled again under more of the budget (`_looser_margin`,
+    at most LOOSER_COMPILES times, counted in LOOSENED), so it recomputes less; a looser step over the
+    budget is dropped for the plan that held (LOOSER_OVER). Once searched, the margin is kept as settled:
+    a later launch plans under it at once and searches no more.
     The memory model the plan is chosen by misses what Inductor's scheduling adds: HF Mistral under
     codegen triton ran 77 MiB over a 14.5 GiB budget on an H100, with the compiled figure exact
     (bench/results/h100-2026-12-06-triton-recompute/); on CPU, HF BART under codegen inductor 4% over."""
