@@ -225,12 +225,12 @@ def _unheld(budget: int, margin: int, error: "planner.BudgetError") -> "planner.
     """The budget cannot be held: the memory model's plans that fit it compile to code that peaks over
     it, and no plan fits the room kept for the model's error (`margin`). One line, with the least
     budget that would work."""
-    fmt_bytes = report.fmt_bytes
+    fmt_bytes, fmt_bytes_up = report.fmt_bytes, report.fmt_bytes_up
     return planner.BudgetError(
         f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt_bytes(budget)} cannot be held: the compiled "
         f"code peaks {fmt_bytes(margin)} above what the memory model plans, and no plan fits "
         f"{fmt_bytes(budget - margin)} (the smallest is {fmt_bytes(error.smallest_bytes)}); set it to at least "
-        f"{fmt_bytes(error.smallest_bytes + margin)}, or shrink the batch", error.smallest_bytes + margin)
+        f"{fmt_bytes_up(error.smallest_bytes + margin)}, or shrink the batch", error.smallest_bytes + margin)
 
 
 class _Stop(Exception):

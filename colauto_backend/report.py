@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,15 @@ def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_bytes_up(n: float) -> str:
+    """`fmt_bytes`, rounded up in its last digit: a least budget said so is never below the figure."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{math.ceil(n)} {unit}" if unit == "B" else f"{math.ceil(n * 100) / 100:.2f} {unit}"
         n /= 1024
     return str(n)
 

@@ -63,9 +63,26 @@ def test_infeasible_budget_is_a_budget_error():
     assert_one_line(err.value, "COLAUTO_MEMORY_BUDGET", "smallest peak", "set it to at least")
     assert err.value.smallest_bytes > 1_000_000
     assert isinstance(err.value, RuntimeError)        # as before: BudgetError is a RuntimeError
-    # the least budget it names works
+    # the least budget it names works, in bytes and as the message writes it (rounded up: HF Qwen2 under
+    # codegen inductor on CPU was told "at least 13.62 MiB", rounded to nearest, and refused 13.62 MiB)
     torch._dynamo.reset()
     torch.compile(model, backend="colauto", options={"memory_budget": err.value.smallest_bytes})(*inputs).backward()
+    import re
+    written = re.search(r"set it to at least ([0-9.]+) (\w+),", str(err.value))
+    assert written, str(err.value)
+    torch._dynamo.reset()
+    torch.compile(model, backend="colauto", options={"memory_budget": written[1] + written[2]})(*inputs).backward()
+
+
+def test_a_least_budget_is_written_rounded_up():
+    """`report.fmt_bytes_up`: never below the figure in the unit it is written in (the arithmetic)."""
+    from colauto_backend.report import fmt_bytes, fmt_bytes_up
+    units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    for n in (1, 1023, 1024, 1025, 14285000, 14285799, int(13.62 * 2**20) + 1, 5 * 2**30 + 1, 5 * 2**30):
+        value, unit = fmt_bytes_up(n).split()
+        assert float(value) * units[unit] >= n, (n, fmt_bytes_up(n))
+        nearest, _ = fmt_bytes(n).split()
+        assert round(float(value) - float(nearest), 2) in (0, 0.01) or unit == "B", (n, fmt_bytes_up(n), fmt_bytes(n))
 
 
 def test_errors_survive_pickling():
