@@ -531,6 +531,13 @@ def emit_replanned(data: dict, setting: str | None) -> None:
 
 
 def render_loosened(data: dict) -> str:
+    if "least_model_bytes" in data:     # a budget under the model's least plan, that plan compiled
+        model = "" if data["least_model_bytes"] is None else f" (memory model: {fmt_bytes(data['least_model_bytes'])})"
+        code = ("could not be read" if data["compiled_bytes"] is None
+                else f"peaks {fmt_bytes(data['compiled_bytes'])}")
+        return (f"colauto: no plan the memory model makes fits the budget {fmt_bytes(data['budget_bytes'])}; its "
+                f"least plan{model} compiled, and its code {code}: "
+                + ("it runs" if data["runs"] else "the budget is refused"))
     if data.get("kept_bytes") is not None:
         over = ("could not be held to the budget" if data.get("looser_bytes") is None
                 else f"peaked {fmt_bytes(data['looser_bytes'])}, over the budget")
