@@ -51,21 +51,20 @@ def fold_ranges(names: list[str]) -> list[str]:
     return [p if a < 0 else f"{p}{a}{suffix}" if a == b else f"{p}{a}-{b}{suffix}" for p, a, b, suffix in out]
 
 
-def fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float, up: bool = False) -> str:
+    """Bytes in the largest binary unit under 1024 of it, 2 decimals; `up`: rounded up in the last digit."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            if unit == "B":
+                return f"{math.ceil(n) if up else n:.0f} {unit}"
+            return f"{math.ceil(n * 100) / 100 if up else n:.2f} {unit}"
         n /= 1024
     return str(n)
 
 
 def fmt_bytes_up(n: float) -> str:
     """`fmt_bytes`, rounded up in its last digit: a least budget said so is never below the figure."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{math.ceil(n)} {unit}" if unit == "B" else f"{math.ceil(n * 100) / 100:.2f} {unit}"
-        n /= 1024
-    return str(n)
+    return fmt_bytes(n, up=True)
 
 
 def fmt_flops(n: float) -> str:
