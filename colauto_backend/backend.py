@@ -80,7 +80,10 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     memory model put it higher is planned and compiled again under more of the budget (`_looser_margin`,
     at most LOOSER_COMPILES times, counted in LOOSENED), so it recomputes less; a looser step over the
     budget is dropped for the plan that held (LOOSER_OVER). Once searched, the margin is kept as settled:
-    a later launch plans under it at once and searches no more.
+    a later launch plans under it at once and searches no more. A budget at most LEAST_ROOM under the
+    least peak the model plans compiles that least plan, which runs where its code holds the budget
+    (LEAST_COMPILED; else a BudgetError naming the least budget that code holds, `_least_compiled`). A
+    plan chosen on the compiled figure alone keeps COMPILED_SLACK of the budget free.
     The memory model the plan is chosen by misses what Inductor's scheduling adds: HF Mistral under
     codegen triton ran 77 MiB over a 14.5 GiB budget on an H100, with the compiled figure exact
     (bench/results/h100-2026-12-06-triton-recompute/); on CPU, HF BART under codegen inductor 4% over."""
