@@ -59,6 +59,11 @@ class Analysis:
     # again under the fusion rule (auto rules: its step peaked over the budget); None where it was not
     recompiled_rules: frozenset[str] | None = None
 
+    @functools.cached_property
+    def modelled_peak(self) -> int:
+        """The memory model's peak of the step at the compile's sizes (`evaluate` at the hints)."""
+        return self.evaluate(self.hints)["peak_memory_bytes"]
+
     def compiled_peak(self, outputs_dropped: bool = False) -> tuple[int, str] | None:
         """The step's peak (bytes, where) at the compile's sizes with each graph run as Inductor's
         generated code allocates and frees (`memory.compiled_peak`; `outputs_dropped`: for a script

@@ -140,7 +140,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
         if refused is not None:     # the least plan, compiled: it runs where its code holds the budget
             held_least = peak is not None and peak[0] <= (1 - COMPILED_SLACK) * budget
             LEAST_COMPILED["held the budget" if held_least else "over the budget, or unread"] += 1
-            report.emit_loosened({"least_model_bytes": planned[0].evaluate(planned[0].hints)["peak_memory_bytes"]
+            report.emit_loosened({"least_model_bytes": planned[0].modelled_peak
                                   if planned else None, "compiled_bytes": None if peak is None else peak[0],
                                   "budget_bytes": budget, "runs": held_least}, resolved.report)
             if not held_least:
@@ -154,7 +154,9 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
             looser = (_looser_margin(planned[0], peak[0], budget, margin)
                       if search_looser and attempt < ATTEMPTS - 1 and loosened < LOOSER_COMPILES else None)
             if looser is None:
-                if held is not None or search_looser:   # the search ran: later launches plan under its margin
+                # the search ran (a looser plan compiled, or a recomputing plan's planner asked): later
+                # launches plan under its margin and search no more
+                if held is not None or (search_looser and planned[0].recomputed):
                     plan_cache.store_margin(digest, margin, rules if auto else None, settled=True)
                 return compiled
             held = _Held(compiled, planned[0], margin, peak[0])
@@ -162,7 +164,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
             _forget(planned[0])
             LOOSENED[resolved.codegen] += 1
             report.emit_loosened({"compiled_bytes": peak[0], "budget_bytes": budget,
-                                  "model_bytes": planned[0].evaluate(planned[0].hints)["peak_memory_bytes"],
+                                  "model_bytes": planned[0].modelled_peak,
                                   "planned_under_bytes": budget - looser}, resolved.report)
             margin = looser
             continue
@@ -176,7 +178,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
         # the next plan's modelled peak must leave room for the model's error on this one (compiled less
         # modelled), which is about the same for the next: a plan under budget - margin may model well
         # below that, so the overshoot alone can leave the same plan (HF BART on CPU, 14 KiB over)
-        modelled = planned[0].evaluate(planned[0].hints)["peak_memory_bytes"]
+        modelled = planned[0].modelled_peak
         margin = max(margin + peak[0] - budget, peak[0] - modelled)
         REPLANNED[resolved.codegen] += 1
         stored = plan_cache.store_margin(digest, margin, rules if auto else None)
@@ -236,7 +238,7 @@ def _looser_margin(analysis: Analysis, peak: int, budget: int, margin: int) -> i
     None: nothing recomputed, little room, the model not high, or no looser plan."""
     if not analysis.recomputed or analysis.planner is None or peak > (1 - LOOSER_ROOM) * budget:
         return None
-    modelled = analysis.evaluate(analysis.hints)["peak_memory_bytes"]
+    modelled = analysis.modelled_peak
     error = modelled - peak
     if error <= LOOSER_ROOM * budget / 2:
         return None
