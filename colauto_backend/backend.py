@@ -195,7 +195,7 @@ LOOSER_COMPILES = 2   # looser plans compiled at most (each is a compile of the 
 LOOSENED = counters.counter("steps planned again under more of the budget: the compiled code's peak was well under it")
 LOOSER_OVER = counters.counter("looser plans whose compiled step went over the budget: the plan that held was kept")
 # A budget at most this fraction under the least peak the memory model plans is tried on that plan's compiled code
-LEAST_ROOM = 0.10
+LEAST_ROOM = 0.30
 # a plan chosen on the compiled code's figure alone (a looser plan, the least plan under such a budget) keeps this
 # fraction of the budget free: the figure misses what an extern kernel allocates inside (CPU flash attention's
 # backward: HF Qwen2 measured 12.80 MiB on the CPU allocator where the figure read 12.55)
@@ -254,8 +254,11 @@ def _looser_margin(analysis: Analysis, peak: int, budget: int, margin: int) -> i
 
 def _least_compiled(budget: int, peak: int, error: "planner.BudgetError") -> "planner.BudgetError":
     """The budget is under the memory model's least plan, whose compiled code peaks over it (less
-    COMPILED_SLACK). One line naming the least budget that plan holds (or the model's, if that is less)."""
-    needed = min(int(peak / (1 - COMPILED_SLACK)) + 1, error.smallest_bytes)
+    COMPILED_SLACK). One line naming the least budget that plan holds: the model's least, where the code
+    peaks at most that (it then plans the least plan and runs it), else the code's peak plus the slack (the
+    model's least named there was refused again: HF MPT's code peaked 10.31 MiB, the model's least 9.67)."""
+    held = int(peak / (1 - COMPILED_SLACK)) + 1
+    needed = min(held, error.smallest_bytes) if peak <= error.smallest_bytes else held
     return planner.BudgetError(
         f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {report.fmt_bytes(budget)} is below the least peak "
         f"colauto's plans reach: its least plan's compiled code peaks {report.fmt_bytes(peak)} (the memory model "

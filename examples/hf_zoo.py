@@ -116,7 +116,7 @@ NAMES = tuple(SPECS)
 # (`python -m bench.parallel_matrix --models mixtral ...`): other MoE routers, alibi (BLOOM), multi-query
 # attention (GPT-BigCode), partial rotary (StableLM, GPT-J), soft-capping and alternating sliding windows
 # (Gemma 2), QK-norm after the projections (OLMo 2), layers sharing one set of weights (ALBERT), factorized
-# embeddings (ELECTRA) and a distillation token (DeiT).
+# embeddings (ELECTRA), a distillation token (DeiT), and tied embeddings trained in fp32 (Cohere, MPT).
 MORE: dict[str, HFSpec] = {
     "mixtral": HFSpec("MixtralConfig", "MixtralForCausalLM", "causal",
                       dict(_ROPE, num_local_experts=4, num_experts_per_tok=2)),
@@ -141,6 +141,12 @@ MORE: dict[str, HFSpec] = {
                           dict(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=256, multi_query=True),
                           dict(n_layer=24, n_head=16, n_embd=2048, vocab_size=49280, n_positions=2048,
                                multi_query=True), 4, "SantaCoder-1.1B"),
+    # tied input and output embeddings in fp32: Inductor adds the head's weight gradient to the embedding's
+    # as one addmm at the backward's end, holding the logits' gradient until then (Cohere also runs
+    # attention and MLP in parallel off one norm and scales its logits; MPT has ALiBi and no head of its own)
+    "cohere": HFSpec("CohereConfig", "CohereForCausalLM", "causal", dict(_ROPE, bos_token_id=1, eos_token_id=2, pad_token_id=0)),
+    "mpt": HFSpec("MptConfig", "MptForCausalLM", "causal",
+                  dict(n_layers=2, n_heads=4, d_model=64, expansion_ratio=2, vocab_size=256, max_seq_len=256)),
     "albert": HFSpec("AlbertConfig", "AlbertForMaskedLM", "masked",
                      dict(num_hidden_layers=2, embedding_size=32, hidden_size=64, num_attention_heads=4,
                           intermediate_size=128, vocab_size=256)),
