@@ -139,14 +139,17 @@ def test_a_value_read_twice_is_written_once_it_reads_more_than_four_buffers():
         assert written == expected, (readers, written)
 
 
-# points where the memory model is known to be high, and by at most how much: Qwen2 at 0.8 (below)
-KNOWN_HIGH = {("qwen2", "inductor", 0.8): 1.07}
+# points where the memory model is known to be high, and by at most how much: Qwen2 at 0.8 (below); T5 at
+# 0.6 since the model holds the logits' gradient to the addmm at the backward's end (2026-12-07: the unplanned
+# peak it predicts rose, and with it this point's budget; the plan there recomputes T5's residual chain, which
+# the model holds as one group: +10.4%, six more of its values and a zeros buffer Inductor folds)
+KNOWN_HIGH = {("qwen2", "inductor", 0.8): 1.07, ("t5", "inductor", 0.6): 1.12}
 
 
 @pytest.mark.parametrize("name, codegen, fraction, drop", [
     ("gpt_neox", "aten", None, False), ("qwen2", "aten", 0.6, False), ("qwen2", "triton", None, False),
     ("t5", "inductor", 0.6, False), ("gpt2", "inductor", None, False), ("qwen2", "inductor", 0.8, False),
-    ("gpt2", "inductor", 0.8, True)])
+    ("gpt2", "inductor", 0.8, True), ("mpt", "inductor", None, False)])
 def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction, drop):
     """The predicted peak of a compiled HF training step against the CPU allocator's (every allocation and
     free of the step, replayed: `bench.cpu_peak`), fp32, batch 8 x 256 on tiny configs so activations
@@ -162,7 +165,9 @@ def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction, drop):
     previous rule held its GELU gradient's inputs), but not into one a reduction it fuses also reads;
     and under a plan, Inductor's horizontal fusion computed T5's recomputed attention scores long before
     their use, and its buffer reuse held freed buffers for later ones (T5 at 0.6: 57.96 MiB measured
-    against 47.67 predicted, over the budget; now 47.04: `compat._as_planned`).
+    against 47.67 predicted, over the budget; now 47.04: `compat._as_planned`); Inductor's post-grad pass
+    makes the product a tied weight's gradient adds to the other use's one addmm at the backward's end,
+    holding the logits' gradient until then (MPT -5.8%; now 0.0%: `memory.addmm_fused`).
     Under Inductor the peak of the compiled code (each graph run as its generated wrapper allocates and
     frees: `Analysis.compiled_peak`) is within 2% whatever the model's error: Qwen2 at 0.8 (-0.1%), where
     the model runs the recomputed residual chain as one group held until each layer's backward (+6.3%);
@@ -170,12 +175,13 @@ def test_hf_step_peak_equals_the_cpu_allocators(name, codegen, fraction, drop):
     not seen (GPT-NeoX at 0.8: -7.8%, its CPU attention backward's; bench/results/cpu-2026-12-04-compiled-peak).
     `drop`: the step keeps only the loss, not the model's output until after the optimizer step as the
     model assumes; the compiled peak for such a step (`outputs_dropped`) is as close (GPT-2 at 0.8: 15.85
-    MiB against 15.86 measured), where the model, holding the logits, is 38% high: it stays above."""
+    MiB against 15.86 measured), where the model, holding the logits, is 38% high (43% since the addmm
+    rule, its looser plan chosen under more of the budget): it stays above."""
     from bench import cpu_peak
     rows = cpu_peak.points(name, codegen, [] if fraction is None else [fraction], drop_outputs=drop)
     for row in rows:
         assert "error" not in row, row
-        high = KNOWN_HIGH.get((name, codegen, row["fraction"]), 1.4 if drop else None)
+        high = KNOWN_HIGH.get((name, codegen, row["fraction"]), 1.5 if drop else None)
         if high is not None:     # the model's known error: high
             assert row["measured_bytes"] < row["predicted_bytes"] < high * row["measured_bytes"], row
         else:
@@ -332,9 +338,14 @@ def test_a_step_compiled_over_the_budget_is_planned_again_and_later_launches_pla
     CPU allocator (`bench.cpu_peak`, the independent reference; the compiled code's figure agreed to the
     byte). The backward is now compiled with the forward, the compiled peak read, and the step planned again
     under the budget less the model's error until it fits (backend._held_to_budget): measured under the
-    budget. The margin is kept with the plans: a second launch plans under it at once."""
+    budget. The margin is kept with the plans: a second launch plans under it at once. The model's rule for
+    Inductor's addmm (`memory.addmm_fused`: BART's tied head's weight gradient holds the logits' gradient to
+    the backward's end) is off here: with it the model is no longer low on this step (2026-12-07), and the
+    test is of the re-plan."""
     from bench import cpu_peak
     from colauto_backend import backend
+    from colauto_backend.cost import memory
+    monkeypatch.setattr(memory, "addmm_fused", lambda *args, **kwargs: {})
     monkeypatch.setenv("COLAUTO_PLAN_CACHE", "1")
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
@@ -462,6 +473,63 @@ def test_a_budget_under_the_models_least_plan_runs_where_that_plans_compiled_cod
     assert measured <= near.value.smallest_bytes * 1.0001, (measured, message)
 
 
+def test_a_budget_well_under_the_models_least_plan_is_tried_on_that_plans_code():
+    """HF Phi-3 with codegen inductor on CPU: the memory model's least plan peaks 11% above a budget
+    (0.6 of the way from the held state to the unplanned peak: 14.41 MiB against 16.02 on 2026-12-07);
+    with LEAST_ROOM at 10% it was refused, and that plan's code peaks 13.55 MiB. LEAST_ROOM is 30%: the
+    plan is compiled and runs, measured on the CPU allocator (the independent reference) under the budget."""
+    from bench import cpu_peak
+    from colauto_backend import BudgetError, backend
+    from examples.hf_zoo import build_hf
+
+    def launch(budget):
+        torch.manual_seed(0)
+        model, make = build_hf("phi3")
+        return cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": budget})
+    with pytest.raises(BudgetError) as far:
+        launch(2**20)
+    least = far.value.smallest_bytes
+    budget = int(0.89 * least)
+    assert least > (1 + 0.10) * budget             # outside the old room
+    held = backend.LEAST_COMPILED["held the budget"]
+    measured, planned = launch(budget)
+    assert measured <= budget, (measured, budget)
+    assert backend.LEAST_COMPILED["held the budget"] == held + 1
+    assert planned[0].recomputed
+
+
+def test_the_least_budget_named_holds_where_the_least_plans_code_peaks_over_the_models_least(monkeypatch):
+    """A budget under the memory model's least plan whose compiled code peaks above that least (the
+    model low): the BudgetError named the model's least, which was refused again; it names the code's
+    peak plus COMPILED_SLACK. HF MPT on CPU with the model's addmm rule off (`memory.addmm_fused`: its
+    tied head's weight gradient, added to the embedding's at the end of the backward, holds the logits'
+    gradient; without the rule the model is 6% low): the model's least 25.82 MiB, the code 27.14, the
+    message now says 27.84 MiB, which runs, measured on the CPU allocator under it."""
+    import re
+    from bench import cpu_peak
+    from colauto_backend import BudgetError
+    from colauto_backend.cost import memory
+    from examples.hf_zoo import build_hf
+    monkeypatch.setattr(memory, "addmm_fused", lambda *args, **kwargs: {})
+
+    def launch(budget):
+        torch.manual_seed(0)
+        model, make = build_hf("mpt")
+        return cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": budget})
+    with pytest.raises(BudgetError) as far:
+        launch(2**20)
+    least = far.value.smallest_bytes
+    with pytest.raises(BudgetError) as near:
+        launch(int(0.95 * least))
+    message = str(near.value)
+    code = re.search(r"compiled code peaks ([0-9.]+) MiB", message)
+    assert code and float(code[1]) * 2**20 > least, (message, least)     # the case: the code over the model
+    written = re.search(r"set it to at least ([0-9.]+) (\w+),", message)
+    assert near.value.smallest_bytes > float(code[1]) * 2**20, message
+    measured, _ = launch(written[1] + written[2])
+    assert measured <= near.value.smallest_bytes, (measured, message)
+
+
 def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_compiled_code_is_over_the_budget(
         tmp_path, monkeypatch):
     """COLAUTO_PLANNED_RULES=auto (the default) on HF Qwen2 with codegen inductor on CPU, the CPU allocator
@@ -560,15 +628,19 @@ def test_auto_rules_let_inductor_fuse_recomputation_and_refuse_it_where_the_comp
     assert len(said) == 1 + len(escalated) + esc, said   # the points' and the fresh launch's escalations
 
 
-def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would():
+def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_budget_that_would(monkeypatch):
     """HF BART on CPU under codegen inductor at 19.8 MiB, just above the smallest peak the memory model finds
     (19.50 MiB plus headroom): that plan compiles to code peaking about 2 MiB higher, and no plan fits the
     room for that error, so the step is not run over the budget: a BudgetError names the user's budget, the
-    model's error and the least budget that would be held (the planner's own least, plus the error)."""
+    model's error and the least budget that would be held (the planner's own least, plus the error).
+    The model's addmm rule is off (`memory.addmm_fused`): with it BART's least plan models 22.05 MiB, above
+    its code, and the budget is refused by the least-plan check instead (`test_a_budget_under_the_models_...`)."""
     from bench import cpu_peak
     from colauto_backend import BudgetError
+    from colauto_backend.cost import memory
     from colauto_backend.report import fmt_bytes_up
     from examples.hf_zoo import build_hf
+    monkeypatch.setattr(memory, "addmm_fused", lambda *args, **kwargs: {})
     torch.manual_seed(0)
     model, make = build_hf("bart")
     budget = int(19.8 * 2**20)

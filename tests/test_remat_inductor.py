@@ -38,10 +38,13 @@ def test_monotone_under_inductor_codegen():
     assert peaks[0] < peaks[-1] and plans[0].step_time_with_s > plans[-1].step_time_with_s
 
 
-def test_gradients_equal_eager_under_budget_with_inductor(capsys):
+def test_gradients_equal_eager_under_budget_with_inductor(capsys, monkeypatch):
     """...and COLAUTO_REPORT names the rules Inductor compiled the planned backward under, with the
-    refused fusions the counters registry counted for it."""
+    refused fusions the counters registry counted for it (one compile: the looser re-plan, which compiles
+    again where the code peaks well under the budget, is off, `backend._looser_margin`)."""
     from colauto_backend import _torch_compat as compat
+    from colauto_backend import backend
+    monkeypatch.setattr(backend, "_looser_margin", lambda *args: None)
     model, make = build("gpt2")
     inputs = make(4, 64)
     loss_ref = model(*inputs)
