@@ -127,8 +127,12 @@ def test_training_matches_eager(name, codegen, variant, one_thread):
         compiled, budget = compile_under_budget(model, batch, codegen, ev["peak_memory_bytes"], held)
         assert_same(step(model, compiled, batch), step(ref_model, ref_model, batch), ATOL[codegen])
         assert any(a.recomputed for a in backend_mod.ANALYSES), "the budget made nothing recompute"
-        plans = [a.plan for a in backend_mod.ANALYSES if a.plan is not None]
-        assert plans and all(p.peak_with_bytes <= budget for p in plans)
+        planned = [a for a in backend_mod.ANALYSES if a.plan is not None]
+        # the step's predicted peak: its compiled code's where Inductor generated it (a plan chosen on that
+        # figure, the memory model's least plan or a looser one, models a peak over the budget by design:
+        # HF OPT's least plan, run under a budget below it since LEAST_ROOM is 30%), else the plan's
+        peaks = [c[0] if (c := a.compiled_peak()) is not None else a.plan.peak_with_bytes for a in planned]
+        assert peaks and all(p <= budget for p in peaks), (peaks, budget)
     if variant == "dynamic":   # other sizes run through the same graphs, still equal to eager
         other = make(b + 1, t if SPECS[name].kind == "image" else t + 16)   # ViT: its image size is fixed
         assert_same(step(model, compiled, other), step(ref_model, ref_model, other), ATOL[codegen])
