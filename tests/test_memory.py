@@ -3,6 +3,7 @@ which watches every storage allocated and freed (CPU, fp32). MemTracker is a Tor
 which Dynamo runs the step eagerly: this checks the model of what a step holds against eager PyTorch,
 whose saved tensors the unplanned partition reproduces. The compiled step is measured in
 test_remat.py (profiler) and on GPUs by bench/ (torch.cuda.max_memory_allocated)."""
+import functools
 import json
 import pytest
 import torch
@@ -434,6 +435,16 @@ def test_a_step_compiled_well_under_the_budget_is_planned_again_under_more_of_it
     assert kept["looser_bytes"] > row["budget_bytes"] >= kept["kept_bytes"], kept
 
 
+def _launched(name: str, budget) -> tuple[int, list]:
+    """A fresh tiny HF model's step compiled under `budget` with codegen inductor: (its peak on the CPU
+    allocator, the planned analyses), `bench.cpu_peak.measured_step`."""
+    from bench import cpu_peak
+    from examples.hf_zoo import build_hf
+    torch.manual_seed(0)
+    model, make = build_hf(name)
+    return cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": budget})
+
+
 def test_a_budget_under_the_models_least_plan_runs_where_that_plans_compiled_code_holds_it(tmp_path, monkeypatch):
     """HF Qwen2 with codegen inductor on CPU: the least peak the memory model plans (13.55 MiB, 13.62 with
     headroom, on 2026-12-07) is above what that plan's compiled code reaches (12.55 MiB; the CPU allocator
@@ -443,16 +454,11 @@ def test_a_budget_under_the_models_least_plan_runs_where_that_plans_compiled_cod
     it, the code does not hold it: a one-line BudgetError names the least budget the compiled code holds,
     and that budget, as the message writes it, runs under itself."""
     import re
-    from bench import cpu_peak
     from colauto_backend import BudgetError, backend
-    from examples.hf_zoo import build_hf
     monkeypatch.setenv("COLAUTO_PLAN_CACHE", "0")
     monkeypatch.setenv("COLAUTO_REPORT", str(tmp_path / "report.json"))
 
-    def launch(budget):
-        torch.manual_seed(0)
-        model, make = build_hf("qwen2")
-        return cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": budget})
+    launch = functools.partial(_launched, "qwen2")
     with pytest.raises(BudgetError) as far:      # far under: refused by the model at once, nothing compiled
         launch(2**20)
     least = far.value.smallest_bytes
@@ -478,14 +484,9 @@ def test_a_budget_well_under_the_models_least_plan_is_tried_on_that_plans_code()
     (0.6 of the way from the held state to the unplanned peak: 14.41 MiB against 16.02 on 2026-12-07);
     with LEAST_ROOM at 10% it was refused, and that plan's code peaks 13.55 MiB. LEAST_ROOM is 30%: the
     plan is compiled and runs, measured on the CPU allocator (the independent reference) under the budget."""
-    from bench import cpu_peak
     from colauto_backend import BudgetError, backend
-    from examples.hf_zoo import build_hf
 
-    def launch(budget):
-        torch.manual_seed(0)
-        model, make = build_hf("phi3")
-        return cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": budget})
+    launch = functools.partial(_launched, "phi3")
     with pytest.raises(BudgetError) as far:
         launch(2**20)
     least = far.value.smallest_bytes
@@ -506,16 +507,11 @@ def test_the_least_budget_named_holds_where_the_least_plans_code_peaks_over_the_
     gradient; without the rule the model is 6% low): the model's least 25.82 MiB, the code 27.14, the
     message now says 27.84 MiB, which runs, measured on the CPU allocator under it."""
     import re
-    from bench import cpu_peak
     from colauto_backend import BudgetError
     from colauto_backend.cost import memory
-    from examples.hf_zoo import build_hf
     monkeypatch.setattr(memory, "addmm_fused", lambda *args, **kwargs: {})
 
-    def launch(budget):
-        torch.manual_seed(0)
-        model, make = build_hf("mpt")
-        return cpu_peak.measured_step(model, make(8, 256), {"codegen": "inductor", "memory_budget": budget})
+    launch = functools.partial(_launched, "mpt")
     with pytest.raises(BudgetError) as far:
         launch(2**20)
     least = far.value.smallest_bytes
