@@ -263,19 +263,19 @@ def _least_compiled(budget: int, peak: int, error: "planner.BudgetError") -> "pl
         f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {report.fmt_bytes(budget)} is below the least peak "
         f"colauto's plans reach: its least plan's compiled code peaks {report.fmt_bytes(peak)} (the memory model "
         f"plans {report.fmt_bytes(error.smallest_bytes)} with headroom), plus {COMPILED_SLACK:.1%} room; set it "
-        f"to at least {report.fmt_bytes_up(needed)}, or shrink the batch", needed)
+        f"to at least {report.fmt_bytes(needed, up=True)}, or shrink the batch", needed)
 
 
 def _unheld(budget: int, margin: int, error: "planner.BudgetError") -> "planner.BudgetError":
     """The budget cannot be held: the memory model's plans that fit it compile to code that peaks over
     it, and no plan fits the room kept for the model's error (`margin`). One line, with the least
     budget that would work."""
-    fmt_bytes, fmt_bytes_up = report.fmt_bytes, report.fmt_bytes_up
+    fmt_bytes = report.fmt_bytes
     return planner.BudgetError(
         f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt_bytes(budget)} cannot be held: the compiled "
         f"code peaks {fmt_bytes(margin)} above what the memory model plans, and no plan fits "
         f"{fmt_bytes(budget - margin)} (the smallest is {fmt_bytes(error.smallest_bytes)}); set it to at least "
-        f"{fmt_bytes_up(error.smallest_bytes + margin)}, or shrink the batch", error.smallest_bytes + margin)
+        f"{fmt_bytes(error.smallest_bytes + margin, up=True)}, or shrink the batch", error.smallest_bytes + margin)
 
 
 class _Stop(Exception):

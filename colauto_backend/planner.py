@@ -58,7 +58,7 @@ from ._torch_compat import PassThroughError
 from .analysis import Analysis, layer_of
 from .cost.memory import PredictedPartition
 from .emit import remat as emit
-from .report import fmt_bytes, fmt_bytes_up
+from .report import fmt_bytes
 from .solver import remat as solver
 
 # The DP's states past which it keeps the likeliest and drops the rest (solver.solve's max_states). The
@@ -508,7 +508,7 @@ def _budget_error(budget: int | None, least: dict) -> BudgetError:
         f"colauto found, {fmt_bytes(least['peak_memory_bytes'])} (parameters + gradients + optimizer state "
         f"{fmt_bytes(persistent)}, activations and temporaries "
         f"{fmt_bytes(least['peak_memory_bytes'] - persistent)}) plus {HEADROOM:.1%} headroom; set it to at least "
-        f"{fmt_bytes_up(needed)}, or shrink the batch", needed)
+        f"{fmt_bytes(needed, up=True)}, or shrink the batch", needed)
 
 
 def remat_frontier(joint: fx.GraphModule, baseline: Analysis, base: dict,

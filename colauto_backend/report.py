@@ -62,11 +62,6 @@ def fmt_bytes(n: float, up: bool = False) -> str:
     return str(n)
 
 
-def fmt_bytes_up(n: float) -> str:
-    """`fmt_bytes`, rounded up in its last digit: a least budget said so is never below the figure."""
-    return fmt_bytes(n, up=True)
-
-
 def fmt_flops(n: float) -> str:
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:

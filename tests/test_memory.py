@@ -634,7 +634,7 @@ def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_bud
     from bench import cpu_peak
     from colauto_backend import BudgetError
     from colauto_backend.cost import memory
-    from colauto_backend.report import fmt_bytes_up
+    from colauto_backend.report import fmt_bytes
     from examples.hf_zoo import build_hf
     monkeypatch.setattr(memory, "addmm_fused", lambda *args, **kwargs: {})
     torch.manual_seed(0)
@@ -645,4 +645,4 @@ def test_a_budget_the_compiled_code_cannot_hold_fails_in_one_line_naming_the_bud
     message = str(info.value)
     assert "\n" not in message and message.startswith("COLAUTO_MEMORY_BUDGET (or options['memory_budget']): 19.80 MiB cannot be held")
     assert info.value.smallest_bytes > budget, message
-    assert f"set it to at least {fmt_bytes_up(info.value.smallest_bytes)}" in message
+    assert f"set it to at least {fmt_bytes(info.value.smallest_bytes, up=True)}" in message

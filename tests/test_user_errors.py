@@ -75,14 +75,14 @@ def test_infeasible_budget_is_a_budget_error():
 
 
 def test_a_least_budget_is_written_rounded_up():
-    """`report.fmt_bytes_up`: never below the figure in the unit it is written in (the arithmetic)."""
-    from colauto_backend.report import fmt_bytes, fmt_bytes_up
+    """`report.fmt_bytes(n, up=True)`: never below the figure in the unit it is written in (the arithmetic)."""
+    from colauto_backend.report import fmt_bytes
     units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
     for n in (1, 1023, 1024, 1025, 14285000, 14285799, int(13.62 * 2**20) + 1, 5 * 2**30 + 1, 5 * 2**30):
-        value, unit = fmt_bytes_up(n).split()
-        assert float(value) * units[unit] >= n, (n, fmt_bytes_up(n))
+        value, unit = fmt_bytes(n, up=True).split()
+        assert float(value) * units[unit] >= n, (n, fmt_bytes(n, up=True))
         nearest, _ = fmt_bytes(n).split()
-        assert round(float(value) - float(nearest), 2) in (0, 0.01) or unit == "B", (n, fmt_bytes_up(n), fmt_bytes(n))
+        assert round(float(value) - float(nearest), 2) in (0, 0.01) or unit == "B", (n, fmt_bytes(n, up=True), fmt_bytes(n))
 
 
 def test_errors_survive_pickling():

@@ -167,13 +167,14 @@ def fused_away_of(nodes: list[fx.Node], returned: set, cpu: bool = False) -> set
         a = base.get(a, a)
         return inlined.get(a, (frozenset([a]), frozenset(), False))
     addmms = addmm_fused(nodes, cpu)
+    sums = set(addmms.values())   # each an addmm Inductor runs: written, not inlined
     for n in nodes:
         if kind[n] == "view":
             src = next(iter(n.all_input_nodes), None)
             if src is not None:
                 base[n] = base.get(src, src)
             continue
-        if kind[n] != "memory" or needed[n] or n in addmms.values() or not _inlinable(n, cpu, members):
+        if kind[n] != "memory" or needed[n] or n in sums or not _inlinable(n, cpu, members):
             continue
         reads, body, heavy = frozenset(), frozenset([n]), cpu and n.target.overloadpacket in _CPU_HEAVY
         for a in n.all_input_nodes:
