@@ -31,6 +31,7 @@ import torch
 import colauto_backend
 from colauto_backend import backend as colauto_backend_mod
 from colauto_backend import config as colauto_config
+from colauto_backend import counters
 from examples import hf_zoo
 from examples.models import build
 
@@ -288,7 +289,12 @@ def run_one(spec: dict, mode: str, args) -> dict:
         if mode in COLAUTO_MODES and not spec["model"].startswith("hf/"):   # profile() takes positional inputs
             row.update(predict(model, make_inputs, spec, args, COLAUTO_MODES[mode]))
         colauto_backend_mod.ANALYSES.clear()
+        counted = counters.snapshot()["counts"]
         row.update(train(model, make_inputs, spec, mode, args, loss_of=loss_of))
+        if mode in COLAUTO_MODES:   # what the compile did (re-plans, looser plans, ...): the counts it added
+            row["counters"] = {name: added for name, c in counters.snapshot()["counts"].items()
+                               if (added := {k: v - counted.get(name, {}).get(k, 0) for k, v in c.items()
+                                             if v != counted.get(name, {}).get(k, 0)})}
         if mode in COLAUTO_MODES and "pred_peak_bytes" not in row:
             row.update(predicted_by_compiled_graphs(getattr(args, "hold_outputs", False)))
         if row.get("pred_peak_bytes") and row["peak_bytes"]:
