@@ -154,6 +154,42 @@ MORE: dict[str, HFSpec] = {
     "deit": HFSpec("DeiTConfig", "DeiTForImageClassification", "image",
                    dict(image_size=32, patch_size=8, num_hidden_layers=2, num_attention_heads=4, hidden_size=64,
                         intermediate_size=128, num_labels=10, problem_type="single_label_classification")),
+    # Llama layout with scalar multipliers on the embeddings, residuals, attention scores and logits
+    "granite": HFSpec("GraniteConfig", "GraniteForCausalLM", "causal",
+                      dict(_ROPE, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
+                           logits_scaling=8.0)),
+    # LayerNorm without weight or bias (non-parametric)
+    "olmo": HFSpec("OlmoConfig", "OlmoForCausalLM", "causal", _ROPE),
+    # phi-2: partial rotary (half of each head), parallel attention and MLP off one LayerNorm, biases, gelu
+    "phi": HFSpec("PhiConfig", "PhiForCausalLM", "causal", dict(_L, num_key_value_heads=4)),
+    # GPT-J-like partial rotary with a fused qkv split four ways (its `mp_num`)
+    "codegen": HFSpec("CodeGenConfig", "CodeGenForCausalLM", "causal",
+                      dict(n_layer=2, n_head=4, n_embd=64, n_inner=128, vocab_size=256, n_positions=256,
+                           rotary_dim=8)),
+    # fused qkv, LayerNorm on q and k, partial rotary, squared-ReLU MLP
+    "persimmon": HFSpec("PersimmonConfig", "PersimmonForCausalLM", "causal", _L),
+    # LayerNorm1P (weight stored as w - 1), partial rotary, squared-ReLU MLP without a gate
+    "nemotron": HFSpec("NemotronConfig", "NemotronForCausalLM", "causal", dict(_ROPE, head_dim=16)),
+    # interleaved (GPT-J style) rotary on a Llama layout
+    "helium": HFSpec("HeliumConfig", "HeliumForCausalLM", "causal", dict(_ROPE, head_dim=16)),
+    # Gemma 3 text: QK-norm, sliding and global layers with different rope bases, no soft-capping
+    "gemma3": HFSpec("Gemma3TextConfig", "Gemma3ForCausalLM", "causal",
+                     dict(_ROPE, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                          layer_types=["sliding_attention", "full_attention"])),
+    # squared-ReLU MLP without a gate (up and down projections only)
+    "arcee": HFSpec("ArceeConfig", "ArceeForCausalLM", "causal", dict(_ROPE, head_dim=16)),
+    # interleaved rotary applied in fp32, no biases
+    "ernie4_5": HFSpec("Ernie4_5Config", "Ernie4_5ForCausalLM", "causal", dict(_ROPE, head_dim=16)),
+    # RMSNorm on q and k after the rotary
+    "hunyuan": HFSpec("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", "causal", dict(_ROPE, head_dim=16)),
+    # Granite's multipliers with a top-k router over fused (batched) expert weights
+    "granitemoe": HFSpec("GraniteMoeConfig", "GraniteMoeForCausalLM", "causal",
+                         dict(_ROPE, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                              embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
+                              logits_scaling=8.0)),
+    # OLMo's MoE: QK-norm over the whole projection, top-k router without renormalising
+    "olmoe": HFSpec("OlmoeConfig", "OlmoeForCausalLM", "causal",
+                    dict(_ROPE, intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
 }
 SPECS.update(MORE)     # every family builds by name; NAMES stays the CI matrix
 CAUSAL_BENCH = tuple(n for n in NAMES if SPECS[n].bench is not None)    # the HF GPU benchmark's rows
