@@ -151,8 +151,13 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
             return compiled
         # a plan the model put over the budget (a looser one) runs on the compiled figure alone: with room
         if peak is not None and peak[0] <= (budget if held is None else (1 - COMPILED_SLACK) * budget):
-            looser = (_looser_margin(planned[0], peak[0], budget, margin)
-                      if search_looser and attempt < ATTEMPTS - 1 and loosened < LOOSER_COMPILES else None)
+            looser, gain = (_looser_margin(planned[0], peak[0], budget, margin)
+                            if search_looser and attempt < ATTEMPTS - 1 and loosened < LOOSER_COMPILES else (None, None))
+            if gain is not None:    # a looser plan, expected too little faster to compile the step again for
+                LOOSER_SKIPPED[resolved.codegen] += 1
+                report.emit_loosened({"compiled_bytes": peak[0], "budget_bytes": budget,
+                                      "model_bytes": planned[0].modelled_peak, "gain": gain,
+                                      "least_gain": LOOSER_GAIN}, resolved.report)
             if looser is None:
                 # the search ran (a looser plan compiled, or a recomputing plan's planner asked): later
                 # launches plan under its margin and search no more
@@ -193,6 +198,13 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
 LOOSER_ROOM = 0.05
 LOOSER_COMPILES = 2   # looser plans compiled at most (each is a compile of the step: first-step time)
 LOOSENED = counters.counter("steps planned again under more of the budget: the compiled code's peak was well under it")
+# ... only where the planner expects the looser plan's step at least this fraction faster than the one that
+# held: compiling the step again doubles the first step (GPT-2 large and Qwen3-0.6B under a budget on one
+# H100: 190 and 181 s against Inductor's 81 and 89 s), for about 1% of throughput where measured (HF Qwen2
+# at 50% of its activations, 0.916x -> 0.925x Inductor) and none where the looser step went over the budget
+LOOSER_GAIN = 0.02
+LOOSER_SKIPPED = counters.counter(
+    "looser plans not compiled: expected less than LOOSER_GAIN faster than the step that held the budget")
 LOOSER_OVER = counters.counter("looser plans whose compiled step went over the budget: the plan that held was kept")
 # A budget at most this fraction under the least peak the memory model plans is tried on that plan's compiled code
 LEAST_ROOM = 0.30
@@ -228,28 +240,35 @@ class _Held:
         return self.compiled
 
 
-def _looser_margin(analysis: Analysis, peak: int, budget: int, margin: int) -> int | None:
-    """The margin to plan under next (negative: more than the budget) where the step's compiled peak
-    leaves LOOSER_ROOM of the budget or more unused and the memory model put the plan's peak above the
-    compiled one (its error on recomputation grows with how much is recomputed: HF Qwen2 on an H200 at
-    half its activations, 13.57 GiB modelled against 10.75 measured, with the compiled code's figure within
-    0.2% of the measured one where compared): half the model's error more, or all of it, whichever makes
-    the planner choose a plan it models higher (checked on the plan's own planner, without partitioning).
-    None: nothing recomputed, little room, the model not high, or no looser plan."""
+def _looser_margin(analysis: Analysis, peak: int, budget: int, margin: int) -> tuple[int | None, float | None]:
+    """(the margin to plan under next, None) where the step's compiled peak leaves LOOSER_ROOM of the
+    budget or more unused, the memory model put the plan's peak above the compiled one (its error on
+    recomputation grows with how much is recomputed: HF Qwen2 on an H200 at half its activations, 13.57
+    GiB modelled against 10.75 measured, with the compiled code's figure within 0.2% of the measured one
+    where compared), and the planner, under half the model's error more or all of it (the first that makes
+    it choose a plan it models higher; checked on the plan's own planner, without partitioning), expects
+    that plan's step at least LOOSER_GAIN faster than this one's (the margin may be negative: more than the
+    budget). (None, gain): a looser plan whose expected gain is under LOOSER_GAIN, the best previewed.
+    (None, None): nothing recomputed, little room, the model not high, or no looser plan."""
     if not analysis.recomputed or analysis.planner is None or peak > (1 - LOOSER_ROOM) * budget:
-        return None
+        return None, None
     modelled = analysis.modelled_peak
     error = modelled - peak
     if error <= LOOSER_ROOM * budget / 2:
-        return None
+        return None, None
+    held = analysis.plan.step_time_with_s if analysis.plan is not None else 0.0
+    best = None
     for step in (error // 2, error):
         try:
             preview = analysis.planner.plan(budget - (margin - step), partition=False)[0]
         except planner.BudgetError:
-            return None
+            break
         if preview.peak_with_bytes > modelled * 1.001:
-            return margin - step
-    return None
+            gain = 1 - preview.step_time_with_s / held if held > 0 else 1.0
+            if gain >= LOOSER_GAIN:
+                return margin - step, None
+            best = gain if best is None else max(best, gain)
+    return None, best
 
 
 def _least_compiled(budget: int, peak: int, error: "planner.BudgetError") -> "planner.BudgetError":

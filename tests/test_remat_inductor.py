@@ -44,7 +44,7 @@ def test_gradients_equal_eager_under_budget_with_inductor(capsys, monkeypatch):
     again where the code peaks well under the budget, is off, `backend._looser_margin`)."""
     from colauto_backend import _torch_compat as compat
     from colauto_backend import backend
-    monkeypatch.setattr(backend, "_looser_margin", lambda *args: None)
+    monkeypatch.setattr(backend, "_looser_margin", lambda *args: (None, None))
     model, make = build("gpt2")
     inputs = make(4, 64)
     loss_ref = model(*inputs)
@@ -296,7 +296,7 @@ def test_memory_model_writes_every_buffer_inductor_realizes(monkeypatch):
     monkeypatch.setattr(compat, "run_with_inductor", run)
     # one plan compiled once (no looser plan searched for, where its compiled step is well under the budget)
     from colauto_backend import backend
-    monkeypatch.setattr(backend, "_looser_margin", lambda *args: None)
+    monkeypatch.setattr(backend, "_looser_margin", lambda *args: (None, None))
     compiled = torch.compile(model, backend="colauto", options=dict(OPTIONS, memory_budget=int(0.9 * unplanned),
                                                                     planned_rules="fusion,reuse"))
     with torch._inductor.config.patch(fx_graph_cache=False):    # lower every graph: no cache hit
