@@ -551,3 +551,27 @@ def test_a_view_of_a_sharded_dim_with_no_rule_runs_gathered(meshes):
     flat = aten._unsafe_view(heads, [2, 8, 16, 16]).view(16, 16, 16)
     assert flat.shape == (16, 16, 16) and flat.placements == (Replicate(),) and flat.to_local().shape == (16, 16, 16)
     assert sum(rules.STRIDED_VIEWS_GATHERED.values()) == before + 1, dict(rules.STRIDED_VIEWS_GATHERED)
+
+
+@pytest.mark.parametrize("mesh_name, placements, expected", [
+    ("1d", (Replicate(),), (Replicate(),)),                         # a convolution run replicated over tp
+    ("1d", (Shard(0),), (Partial(),)),                              # each rank's part of the batch
+    ("2d", (Shard(0), Replicate()), (Partial(), Replicate())),      # dp x tp: batch over dp, whole over tp
+])
+def test_convolution_weight_gradients_are_partial_only_over_the_mesh_dims_that_shard_the_input(
+        meshes, mesh_name, placements, expected):
+    """convolution_backward run on DTensors (DTensor's convolution handler) gives weight and bias gradients
+    that are Partial (a part of the sum) only along the mesh dims that shard its input, Replicate along the
+    others: every rank there computed the whole gradient. Torch 2.11's rule said Partial over mesh dim 0
+    whatever the input, and HF ConvNeXt under tp=2 trained with its convolution gradients doubled; colauto
+    replaces that rule there (`convolution_weight_grads_replicated_where_the_input_is`; a no-op where
+    DTensor has its own strategy, as on 2.13, where this checks DTensor's)."""
+    rules.convolution_weight_grads_replicated_where_the_input_is()
+    mesh = meshes[mesh_name]
+    # a patchifying convolution (ConvNeXt's stem): torch 2.11's handler takes only stride == kernel size
+    g, x, w = T(8, 16, 2, 2), T(8, 3, 8, 8), T(16, 3, 4, 4)
+    args = (g, x, w, [16], [4, 4], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    dargs, dkwargs = on_mesh(args, {}, [placements, placements, (Replicate(),) * mesh.ndim], mesh)
+    grad_input, grad_weight, grad_bias = aten.convolution_backward.default(*dargs, **dkwargs)
+    assert tuple(grad_input.placements) == placements
+    assert tuple(grad_weight.placements) == expected and tuple(grad_bias.placements) == expected

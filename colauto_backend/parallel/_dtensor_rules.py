@@ -431,6 +431,41 @@ def shard_batch_norm_backward() -> None:
     _register_missing(op_named(_BATCH_NORM_BACKWARD), _by_channel)
 
 
+def convolution_weight_grads_replicated_where_the_input_is() -> None:
+    """The weight and bias gradients of convolution_backward Partial only over the mesh dims that shard its
+    input (batch or width: each rank's gradient is then a part of the sum) and Replicate over the others,
+    as torch 2.13's DTensor rule has them. Torch 2.11's rule marks them Partial over mesh dim 0 whatever the
+    input, so a convolution that runs replicated over tp had its weight gradient summed over the ranks:
+    HF ConvNeXt under tp=2 trained with its convolutions' gradients doubled, silently (CPU, gloo, 2
+    processes; `bench/results/cpu-2026-12-07-torch2.11-parallel-matrix/`). Installed only where DTensor
+    has no strategy of its own for the op (2.13 has one); DTensor's convolution handler runs it."""
+    d = _dtensor()
+    op = torch.ops.aten.convolution_backward.default
+    rule = d.prop.op_to_rules.get(op)
+    if (op in d.prop.op_single_dim_strategy_funcs or op in d.prop.op_strategy_funcs or rule is None
+            or getattr(rule, "colauto_fixed", False)):
+        return
+    from torch.distributed.tensor import Partial, Replicate
+
+    def placed_as_the_input(op_schema):
+        sharding = rule(op_schema)
+        specs = sharding.output_spec
+        inp = op_schema.args_schema[1]
+        if not isinstance(specs, (list, tuple)) or not hasattr(inp, "placements"):
+            return sharding
+        grads = tuple(Partial() if p.is_shard() else Replicate() for p in inp.placements)
+        sharding.output_spec = [specs[0], *(None if s is None else d.Spec(s.mesh, grads, tensor_meta=s.tensor_meta)
+                                            for s in specs[1:])]
+        return sharding
+    placed_as_the_input.colauto_fixed = True
+    d.prop.op_to_rules[op] = placed_as_the_input
+    CONV_GRADS_FIXED["torch " + torch.__version__.split("+")[0]] += 1
+
+
+CONV_GRADS_FIXED = counters.counter(
+    "DTensor rule of convolution_backward replaced: weight gradients Partial only where the input is sharded")
+
+
 def _register_missing(op: torch._ops.OpOverload, rule) -> None:
     """`rule` registered for `op` unless DTensor has a one-mesh-dim rule of its own for it (torch 2.13's
     `op_single_dim_strategy_funcs`) or `rule` is registered already."""
