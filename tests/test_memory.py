@@ -384,7 +384,7 @@ def test_a_step_compiled_well_under_the_budget_is_planned_again_under_more_of_it
     same budget's plan with that search off and still under the budget, with fewer ops recomputed. A
     second launch plans under the kept margin at once: the same peak, one compile, no search. A looser
     plan whose step goes over the budget is dropped for the plan that held. By default the looser plan
-    is compiled only where the planner expects it LOOSER_GAIN (2%) faster: here it expects 1.7%, so the
+    is compiled only where the planner expects it LOOSER_GAIN (2%) faster: here it expects 0.7%, so the
     default compiles the step once, says so in one report line and counts it (LOOSER_SKIPPED), and runs
     the plan that held; the search is checked with that threshold at 0."""
     from bench import cpu_peak
