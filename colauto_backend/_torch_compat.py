@@ -593,7 +593,7 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             passes.pop("reorder_for_compute_comm_overlap", None)
         for name in (_buckets_a_conv_gradient(gm) if _BUCKETING_VIEWS else ()):
             if passes.pop(name, None) is not None:
-                UNBUCKETED[f"torch {torch.__version__.split('+')[0]}'s {name} views convolution gradients"] += 1
+                UNBUCKETED[f"torch {torch.__version__.split('+')[0]}'s {name} views convolution weights or gradients"] += 1
     _register_fallbacks(gm)
     if remat is not None and _only_recomputed_convolutions(gm, remat.recomputed):
         passes = dict(passes, layout_optimization=False)
@@ -636,7 +636,9 @@ _BUCKETED = {"bucket_all_reduces_fx": torch.ops._c10d_functional.all_reduce.defa
 
 def _buckets_a_conv_gradient(gm: torch.fx.GraphModule) -> list[str]:
     """Inductor's bucketing passes that would take a convolution weight's gradient in `gm` (through the
-    scaling, padding and indexing between it and the collective)."""
+    scaling, padding and indexing between it and the collective), or a gathered convolution weight or bias
+    (all-gather bucketing: torch 2.11's convolution lowering rejects the bucket's views of it, "LoweringException:
+    NotImplementedError: View": HF ViT and ConvNeXt under fsdp=2 with codegen inductor, CPU, 2026-12-07)."""
     through = (operator.getitem, torch.ops.aten.div.Tensor, torch.ops.aten.mul.Tensor,
                torch.ops.aten.constant_pad_nd.default, torch.ops.aten.clone.default)
     found = []
@@ -648,6 +650,21 @@ def _buckets_a_conv_gradient(gm: torch.fx.GraphModule) -> list[str]:
             if isinstance(x, torch.fx.Node) and x.target is torch.ops.aten.convolution_backward.default:
                 found.append(name)
                 break
+    onward = (torch.ops._c10d_functional.wait_tensor.default, operator.getitem, torch.ops.aten.narrow.default,
+              torch.ops.aten.slice.Tensor, torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
+              torch.ops.aten.reshape.default, torch.ops.aten.clone.default, torch.ops.aten.alias.default,
+              torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.contiguous.default)
+    for node in gm.graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.all_gather_into_tensor.default):
+        todo, seen = [node], set()
+        while todo and "bucket_all_gathers_fx" not in found:
+            x = todo.pop()
+            for u in x.users:
+                if u.target is torch.ops.aten.convolution.default and x in u.args[1:3]:
+                    found.append("bucket_all_gathers_fx")
+                    break
+                if u.target in onward and u not in seen:
+                    seen.add(u)
+                    todo.append(u)
     return found
 
 

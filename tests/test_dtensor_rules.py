@@ -575,3 +575,27 @@ def test_convolution_weight_gradients_are_partial_only_over_the_mesh_dims_that_s
     grad_input, grad_weight, grad_bias = aten.convolution_backward.default(*dargs, **dkwargs)
     assert tuple(grad_input.placements) == placements
     assert tuple(grad_weight.placements) == expected and tuple(grad_bias.placements) == expected
+
+
+def test_a_gathered_convolution_weight_is_found():
+    """torch 2.11's all-gather bucketing hands a convolution its gathered weight or bias as views of the
+    bucket, which 2.11's convolution lowering rejects ("NotImplementedError: View": HF ViT and ConvNeXt under
+    fsdp=2 with codegen inductor); there colauto leaves that graph's all-gathers unbucketed. The check finds a
+    gather read by a convolution as its weight or bias through the wait, narrow, view and clone between
+    them, and not one read by a matmul or as the convolution's input."""
+    from colauto_backend import _torch_compat as compat
+
+    def graph(reader, position):
+        g = torch.fx.Graph()
+        x, shard = g.placeholder("x"), g.placeholder("shard")
+        full = g.call_function(torch.ops._c10d_functional.all_gather_into_tensor.default, (shard, 2, "0"))
+        full = g.call_function(torch.ops._c10d_functional.wait_tensor.default, (full,))
+        w = g.call_function(aten.narrow.default, (full, 0, 0, 16))
+        w = g.call_function(aten.clone.default, (g.call_function(aten.view.default, (w, [16, 3, 4, 4])),))
+        args = [x, w, None, [4, 4], [0, 0], [1, 1], False, [0, 0], 1] if position == "weight" else \
+            [w, x, None, [4, 4], [0, 0], [1, 1], False, [0, 0], 1]
+        g.output(g.call_function(reader, tuple(args) if reader is aten.convolution.default else (x, w)))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+    assert compat._buckets_a_conv_gradient(graph(aten.convolution.default, "weight")) == ["bucket_all_gathers_fx"]
+    assert compat._buckets_a_conv_gradient(graph(aten.convolution.default, "input")) == []
+    assert compat._buckets_a_conv_gradient(graph(aten.mm.default, "weight")) == []
