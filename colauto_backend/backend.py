@@ -78,6 +78,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     and the rules are kept for later launches.
     The other way: a step whose compiled code leaves LOOSER_ROOM of the budget or more unused where the
     memory model put it higher is planned and compiled again under more of the budget (`_looser_margin`,
+    where the planner expects that plan LOOSER_GAIN faster, else counted in LOOSER_SKIPPED and reported;
     at most LOOSER_COMPILES times, counted in LOOSENED), so it recomputes less; a looser step over the
     budget is dropped for the plan that held (LOOSER_OVER). Once searched, the margin is kept as settled:
     a later launch plans under it at once and searches no more. A budget at most LEAST_ROOM under the
