@@ -532,21 +532,19 @@ def render_loosened(data: dict) -> str:
         return (f"colauto: no plan the memory model makes fits the budget {fmt_bytes(data['budget_bytes'])}; its "
                 f"least plan{model} compiled, and its code {code}: "
                 + ("it runs" if data["runs"] else "the budget is refused"))
-    if data.get("gain") is not None:     # a looser plan the planner expects too little faster to compile
-        return (f"colauto: the compiled code's peak {fmt_bytes(data['compiled_bytes'])} leaves "
-                f"{fmt_bytes(data['budget_bytes'] - data['compiled_bytes'])} of the budget {fmt_bytes(data['budget_bytes'])} "
-                f"unused (the memory model put it at {fmt_bytes(data['model_bytes'])}); a plan recomputing less is "
-                f"expected only {100 * data['gain']:.1f}% faster, under the {100 * data['least_gain']:.0f}% a second "
-                "compile of the step is worth: not compiled, and later launches plan as this one")
     if data.get("kept_bytes") is not None:
         over = ("could not be held to the budget" if data.get("looser_bytes") is None
                 else f"peaked {fmt_bytes(data['looser_bytes'])}, over the budget")
         return (f"colauto: the looser plan's compiled step {over}: the plan that held it (peak "
                 f"{fmt_bytes(data['kept_bytes'])}) runs, and later launches plan so at once")
-    return (f"colauto: the compiled code's peak {fmt_bytes(data['compiled_bytes'])} leaves "
-            f"{fmt_bytes(data['budget_bytes'] - data['compiled_bytes'])} of the budget {fmt_bytes(data['budget_bytes'])} "
-            f"unused (the memory model put it at {fmt_bytes(data['model_bytes'])}): planned and compiled again under "
-            f"{fmt_bytes(data['planned_under_bytes'])}, recomputing less")
+    unused = (f"colauto: the compiled code's peak {fmt_bytes(data['compiled_bytes'])} leaves "
+              f"{fmt_bytes(data['budget_bytes'] - data['compiled_bytes'])} of the budget {fmt_bytes(data['budget_bytes'])} "
+              f"unused (the memory model put it at {fmt_bytes(data['model_bytes'])})")
+    if data.get("gain") is not None:     # a looser plan the planner expects too little faster to compile
+        return (f"{unused}; a plan recomputing less is expected only {100 * data['gain']:.1f}% faster, under the "
+                f"{100 * data['least_gain']:.0f}% a second compile of the step is worth: not compiled, and later "
+                "launches plan as this one")
+    return f"{unused}: planned and compiled again under {fmt_bytes(data['planned_under_bytes'])}, recomputing less"
 
 
 def emit_loosened(data: dict, setting: str | None) -> None:
