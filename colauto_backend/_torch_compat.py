@@ -591,7 +591,7 @@ def run_with_inductor(gm: torch.fx.GraphModule, example_inputs: list, *, is_back
             passes.pop("bucket_all_gathers_fx", None)
         if keep_order:
             passes.pop("reorder_for_compute_comm_overlap", None)
-        for name in (_buckets_a_conv_gradient(gm) if _BUCKETING_VIEWS else ()):
+        for name in (_bucketing_views_a_convolution_tensor(gm) if _BUCKETING_VIEWS else ()):
             if passes.pop(name, None) is not None:
                 UNBUCKETED[f"torch {torch.__version__.split('+')[0]}'s {name} views convolution weights or gradients"] += 1
     _register_fallbacks(gm)
@@ -634,9 +634,10 @@ _BUCKETED = {"bucket_all_reduces_fx": torch.ops._c10d_functional.all_reduce.defa
              "bucket_reduce_scatters_fx": torch.ops._c10d_functional.reduce_scatter_tensor.default}
 
 
-def _buckets_a_conv_gradient(gm: torch.fx.GraphModule) -> list[str]:
-    """Inductor's bucketing passes that would take a convolution weight's gradient in `gm` (through the
-    scaling, padding and indexing between it and the collective), or a gathered convolution weight or bias
+def _bucketing_views_a_convolution_tensor(gm: torch.fx.GraphModule) -> list[str]:
+    """Inductor's bucketing passes whose views torch 2.11 cannot lower or run on a convolution tensor in `gm`:
+    a convolution weight's gradient (through the scaling, padding and indexing between it and the
+    collective), or a gathered convolution weight or bias
     (all-gather bucketing: torch 2.11's convolution lowering rejects the bucket's views of it, "LoweringException:
     NotImplementedError: View": HF ViT and ConvNeXt under fsdp=2 with codegen inductor, CPU, 2026-12-07)."""
     through = (operator.getitem, torch.ops.aten.div.Tensor, torch.ops.aten.mul.Tensor,

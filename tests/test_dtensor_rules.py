@@ -524,8 +524,8 @@ def test_a_collective_of_a_convolution_gradient_is_found():
             g.output(g.call_function(torch.ops._c10d_functional.reduce_scatter_tensor.default, (padded, "sum", 2, "0")))
         return torch.fx.GraphModule(torch.nn.Module(), g)
     for collective, name in (("all_reduce", "bucket_all_reduces_fx"), ("reduce_scatter", "bucket_reduce_scatters_fx")):
-        assert compat._buckets_a_conv_gradient(graph(aten.convolution_backward.default, collective)) == [name]
-        assert compat._buckets_a_conv_gradient(graph(aten.mm.default, collective)) == []
+        assert compat._bucketing_views_a_convolution_tensor(graph(aten.convolution_backward.default, collective)) == [name]
+        assert compat._bucketing_views_a_convolution_tensor(graph(aten.mm.default, collective)) == []
     # the version check against the installed torch's own bucketing code: 2.11 and 2.12 flatten each input
     # with view (what fails on a channels-last gradient), 2.13 with reshape
     import inspect
@@ -596,6 +596,6 @@ def test_a_gathered_convolution_weight_is_found():
             [w, x, None, [4, 4], [0, 0], [1, 1], False, [0, 0], 1]
         g.output(g.call_function(reader, tuple(args) if reader is aten.convolution.default else (x, w)))
         return torch.fx.GraphModule(torch.nn.Module(), g)
-    assert compat._buckets_a_conv_gradient(graph(aten.convolution.default, "weight")) == ["bucket_all_gathers_fx"]
-    assert compat._buckets_a_conv_gradient(graph(aten.convolution.default, "input")) == []
-    assert compat._buckets_a_conv_gradient(graph(aten.mm.default, "weight")) == []
+    assert compat._bucketing_views_a_convolution_tensor(graph(aten.convolution.default, "weight")) == ["bucket_all_gathers_fx"]
+    assert compat._bucketing_views_a_convolution_tensor(graph(aten.convolution.default, "input")) == []
+    assert compat._bucketing_views_a_convolution_tensor(graph(aten.mm.default, "weight")) == []
