@@ -1213,3 +1213,28 @@ def accumulator_shape(t: torch.Tensor) -> tuple[int, ...]:
     graph made earlier (and still alive) keeps as it was when made, even after `t.data` changed; a new
     accumulator, made here where none is alive, has `t`'s shape."""
     return tuple(torch.autograd.graph.get_gradient_edge(t).node._input_metadata[0].shape)
+
+
+# -- storages: identity and weak references (split_step.py) ------------------------------------------
+def storage_key(t: torch.Tensor) -> int:
+    """An identity of `t`'s storage, shared by its views, equal to `storage_weak_ref(t).cdata` (the
+    StorageImpl's address: `UntypedStorage._cdata`, private)."""
+    return t.untyped_storage()._cdata
+
+
+def storage_weak_ref(t: torch.Tensor):
+    """A weak reference to `t`'s storage: `.expired()` once it is freed, `.cdata` its `storage_key`
+    (torch.multiprocessing.reductions.StorageWeakRef, as torch's own aliasing checks use)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    return StorageWeakRef(t.untyped_storage())
+
+
+def storage_nbytes(t: torch.Tensor) -> int:
+    """Bytes of `t`'s whole storage."""
+    return t.untyped_storage().nbytes()
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    """Whether `t` is a fake tensor (no storage of its own to weigh or point at)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)

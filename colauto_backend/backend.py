@@ -16,7 +16,7 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
-from . import chunked_loss, counters, cuda_graphs, output_grads, plan_cache, planner, report
+from . import chunked_loss, counters, cuda_graphs, output_grads, plan_cache, planner, report, split_step
 from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost import memory
@@ -51,8 +51,117 @@ def make_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | N
                 planned = config if memory_budget is None else dataclasses.replace(config, memory_budget=memory_budget)
                 return local_backend(planned, on_analysis, dp=dp, decide=decide)
             return parallel_entry.compile(gm, example_inputs, resolved, make_local)
-        return _held_to_budget(config, on_analysis, gm, example_inputs)
+        graph = _split_graph(config, resolved, gm, example_inputs, on_analysis)
+        if graph is None:
+            return _held_to_budget(config, on_analysis, gm, example_inputs)
+        _split_compile(graph, config, resolved, gm, example_inputs)
+        return graph
     return backend
+
+
+def _user_budget(config: cfg.Config) -> bool:
+    return config.memory_budget is not None and config.memory_budget[0] != "none"
+
+
+def _split_graph(config: cfg.Config, resolved: cfg.Config, gm: torch.fx.GraphModule, example_inputs: list,
+                 on_analysis: Callable[[Analysis], None] | None) -> split_step.Graph | None:
+    """Where this graph may be one of several Dynamo split a training step into (a graph break recorded)
+    under a budget the user set, in one process: the `split_step.Graph` it is compiled as, else None."""
+    first = next((t for t in example_inputs if isinstance(t, torch.Tensor)), None)
+    training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+    if not (_user_budget(config) and training and on_analysis is None and first is not None and report.graph_breaks()):
+        return None
+    device = resolve(resolved.device, first)
+    budget = planner.resolve_budget(config.memory_budget, device.memory_bytes)
+    # planned again at a later call with that call's inputs: static sizes, Dynamo's plain calling convention
+    static = not isinstance(gm, torch._dynamo.utils.GmWrapper) and all(
+        isinstance(s, int) for t in example_inputs if isinstance(t, torch.Tensor) for s in t.shape) and all(
+        isinstance(t, torch.Tensor) for t in example_inputs)
+    digest = plan_cache.margin_key(gm, example_inputs, ("split step", config.memory_budget, resolved.codegen,
+                                                        repr(device), config.optimizer))
+    graph = split_step.Graph(None, budget, digest)
+    if static:
+        graph.compile = lambda inputs: _split_compile(graph, config, resolved, gm, inputs)
+    return graph
+
+
+def _split_compile(graph: split_step.Graph, config: cfg.Config, resolved: cfg.Config, gm: torch.fx.GraphModule,
+                   example_inputs: list) -> None:
+    """Compile one graph of a split step (`split_step`; sets `graph.fn`) under the budget less what the
+    step's earlier graphs hold as it is compiled (counted, reported), and under its cap (room for its later
+    graphs). Where even its least plan does not fit, it runs that plan, this step goes over the budget
+    (warned, counted), and the earlier graphs are planned again leaving the room at their next call
+    (`split_step.make_room`), then this one under what they leave; where they cannot be (symbolic sizes, or
+    planned again too often), a BudgetError names the budget the step needs."""
+    held = split_step.held_outside(example_inputs, config.optimizer, own=graph)
+    under = graph.under(held)
+    before = graph.analysis           # planned again: the plan it replaces no longer runs, if this one does
+    if before is not None:
+        _forget(before)
+    graph.held_at_compile = held.nbytes
+    if held.nbytes or graph.cap is not None:
+        split_step.SHARED["planned under the rest of the budget"] += 1
+        report.emit_shared_budget({"budget_bytes": graph.budget, "saved_bytes": held.saved_bytes,
+                                   "param_bytes": held.param_bytes, "graphs": len(held.graphs),
+                                   "under_bytes": under}, resolved.report)
+
+    def compile_under(nbytes: int) -> None:
+        graph.fn = _held_to_budget(dataclasses.replace(config, memory_budget=("bytes", float(nbytes))), None,
+                                   gm, example_inputs, split=graph)
+        graph.analysis = ANALYSES[-1]   # the plan that runs (a looser attempt dropped, the held one restored)
+    try:
+        compile_under(under)
+        return
+    except planner.BudgetError as error:
+        room = graph.budget - held.nbytes
+        if graph.cap is not None and graph.cap < room:
+            # its cap (room for the later graphs) is under what its plans reach: its least plan where that
+            # fits, else, planned again, the plan it ran (warned: the step goes over the budget)
+            graph.cap = max(graph.cap, error.smallest_bytes)
+            plan_cache.store(f"caps/{graph.digest}", {"bytes": graph.cap})
+            try:
+                if graph.cap <= room:
+                    compile_under(graph.cap)
+                    return
+            except planner.BudgetError:
+                pass
+            if before is not None:
+                ANALYSES.append(before)
+                graph.analysis = before
+                split_step.warn_unheld(graph, under)
+                return
+            compile_under(room)
+            return
+        if not held.nbytes:
+            raise
+        short = error.smallest_bytes - under
+        if not split_step.make_room(held, short):
+            raise _unshared(graph.budget, held, error) from None
+        split_step.SHORT["ran its least plan; the earlier graphs planned again"] += 1
+        report.warn_once(
+            f"colauto: the memory budget {report.fmt_bytes(graph.budget)} is not held by this step's first run: "
+            f"Dynamo split it at a graph break, the graphs before this one hold {report.fmt_bytes(held.nbytes)} "
+            f"while it runs and its least plan needs {report.fmt_bytes(error.smallest_bytes)} "
+            f"({report.fmt_bytes(short)} over); they are planned again to leave that free from the next step on "
+            "(kept for later launches); remove the graph break to plan the step as one graph")
+        try:
+            compile_under(error.smallest_bytes)
+        except planner.BudgetError as again:
+            raise _unshared(graph.budget, held, again) from None
+        graph.stale = True   # planned again at its next call, under what the earlier graphs then leave
+
+
+def _unshared(budget: int, held: split_step.Held, error: planner.BudgetError) -> planner.BudgetError:
+    """No plan of a later graph of a split step fits what the earlier graphs leave of the budget, and they
+    cannot be planned again: one line naming what they hold and a budget that holds the step with them."""
+    fmt = report.fmt_bytes
+    needed = error.smallest_bytes + held.nbytes
+    return planner.BudgetError(
+        f"COLAUTO_MEMORY_BUDGET (or options['memory_budget']): {fmt(budget)} cannot be held across the graphs "
+        f"Dynamo split the step into at a graph break: the graphs before this one hold {fmt(held.nbytes)} while it "
+        f"runs (saved for their backward {fmt(held.saved_bytes)}, parameters and optimizer state "
+        f"{fmt(held.param_bytes)}) and its least plan needs {fmt(error.smallest_bytes)}; set it to at least "
+        f"{fmt(needed, up=True)}, or remove the graph break (torch._dynamo.explain(model)(...) shows where)", needed)
 
 
 REPLANNED = counters.counter("steps planned again: the compiled code's peak was over the budget")
@@ -63,7 +172,7 @@ FUSION_REFUSED_AGAIN = counters.counter(
 
 
 def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None,
-                    gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+                    gm: torch.fx.GraphModule, example_inputs: list, split: split_step.Graph | None = None) -> Callable:
     """The single-device compile of one graph (`local_backend`, which resolves the codegen and reports
     "(auto)"), held to a budget the user set by the compiled code's peak. Where Inductor generates both
     graphs of a training step, the backward is compiled with the forward (`compat.backward_compiled_now`),
@@ -94,7 +203,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     generated = resolved.codegen == "inductor" or (resolved.codegen == "triton" and rest_by_inductor(example_inputs))
     set_by_user = config.memory_budget is not None and config.memory_budget[0] != "none"
     if not (set_by_user and training and generated and first is not None and on_analysis is None):
-        return local_backend(config, on_analysis)(gm, example_inputs)
+        return local_backend(config, on_analysis, step_graph=split)(gm, example_inputs)
     device = resolve(resolved.device, first)
     budget = planner.resolve_budget(config.memory_budget, device.memory_bytes)
     auto = config.planned_rules is None
@@ -121,7 +230,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
         planned: list[Analysis] = []
         try:
             with compat.backward_compiled_now():
-                compiled = local_backend(under, on_analysis, planned_out=planned)(gm, example_inputs)
+                compiled = local_backend(under, on_analysis, planned_out=planned, step_graph=split)(gm, example_inputs)
         except planner.BudgetError as error:
             if held is not None:    # no plan under the looser budget: cannot be (it is above a held one's)
                 return held.restore(digest, rules if auto else None, resolved.report)
@@ -336,7 +445,7 @@ def capture_serves_planning(config: cfg.Config, example_inputs: list) -> bool:
 
 def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None,
                   dp: data.DataParallel | None = None, decide: Decide | None = None,
-                  planned_out: list | None = None) -> Callable:
+                  planned_out: list | None = None, step_graph: split_step.Graph | None = None) -> Callable:
     """The single-device backend: AOTAutograd with colauto's partitioner and code generation; with `dp`,
     each rank's graph averages its gradients (and losses) over the data-parallel ranks. With `decide`
     (`capture_serves_planning` must hold), `dp` and the budget are what `decide` makes of the joint graph's
@@ -360,6 +469,10 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                                      "cuda graphs" if config.cudagraphs else None)
         marked = False
         planned: list[Analysis] = []   # the graph's published analysis, once partitioned (its plan, if any)
+        # one graph of a step Dynamo split (`step_graph`): what each forward saves is recorded for the later graphs'
+        # budget, and released by its backward (`split_step`; not through AOTAutograd's cache, whose compiled
+        # forward is not colauto's)
+        tracks = step_graph is not None
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
@@ -372,7 +485,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         def publish(analysis: Analysis) -> None:
             ANALYSES.append(analysis)
             report.emit(analysis, config.report, owner)
-            report.warn_unshared_budget(config.memory_budget is not None and config.memory_budget[0] != "none")
+            # a split step's graphs share the budget where each is a step_graph (split_step); elsewhere warned
+            report.warn_unshared_budget(_user_budget(config) and step_graph is None)
             if on_analysis is not None:
                 on_analysis(analysis)
 
@@ -436,6 +550,8 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             chosen = dataclasses.replace(chosen, chunked_losses=chunked)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
             planned[:] = [analysis]
+            if step_graph is not None:
+                step_graph.analysis = analysis
             if planned_out is not None:
                 planned_out[:] = [analysis]
             publish(analysis)
@@ -453,11 +569,14 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         # the backward may be compiled at its first run, outside the (paused) backend call: paused there too
         compilers = [functools.partial(codegen, is_backward=False),
                      planner.gc_paused(functools.partial(codegen, is_backward=True)), inference]
+        if tracks:
+            compilers[0] = lambda fw, inputs: step_graph.tracked(codegen(fw, inputs, is_backward=False))
+            compilers[1] = planner.gc_paused(lambda bw, inputs: step_graph.released(codegen(bw, inputs, is_backward=True)))
         # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
         # profile, which need the partition to run; not for CUDA-graph wrappers; not on several ranks,
         # where the graphs hold collectives or DTensors and the cache is untested)
         cached = (config.codegen == "inductor" and not config.cudagraphs and dp is None and decide is None
-                  and on_analysis is None
+                  and on_analysis is None and not tracks
                   and plan_cache.directory() is not None and mesh.world_size() == 1)
         key = contextlib.nullcontext()
         if cached:

@@ -152,10 +152,11 @@ _BUDGET_BREAKS_SEEN: set[str] = set()
 
 
 def warn_unshared_budget(budgeted: bool) -> None:
-    """Called at each compiled graph. Under a memory budget (`budgeted`), a graph break Dynamo recorded
-    since colauto's last compile (this step is being split) is a warning, report or not: each graph is
-    planned under the whole budget, so the step's graphs together can peak above it (seen: HF OPT, 23.86
-    GiB under a 19.1 GiB budget). A break seen at an unbudgeted compile is not named at a later one."""
+    """Called at each compiled graph. Under a memory budget (`budgeted`) that the step's graphs do not share
+    (on several ranks; in one process they do: split_step), a graph break Dynamo recorded since colauto's
+    last compile (this step is being split) is a warning, report or not: each graph is planned under the
+    whole budget, so the step's graphs together can peak above it (seen: HF OPT, 23.86 GiB under a 19.1 GiB
+    budget). A break seen at an unbudgeted compile is not named at a later one."""
     new = [b for b in graph_breaks() if b not in _BUDGET_BREAKS_SEEN]
     _BUDGET_BREAKS_SEEN.update(new)
     if new and budgeted:
@@ -178,8 +179,8 @@ def emit(analysis: "Analysis", setting: str | None, owner: Any = None) -> None:
     _BREAKS_SEEN.update(new)
     if setting == "1" and new:
         print(f"colauto: Dynamo split the step into several graphs at a graph break ({'; '.join(new)}): each "
-              "graph gets its own table and plan, and each is planned under the whole memory budget (the budget "
-              "is not yet shared between the graphs of one step)", flush=True)
+              "graph gets its own table and plan; under a memory budget you set, each is planned under what the "
+              "graphs before it leave (one process)", flush=True)
     if setting == "1":
         if _table_key(data) in _shown_for(owner):
             print(f"colauto cost model: the same graph as the table above (codegen {data.get('codegen')})",
@@ -522,6 +523,22 @@ def emit_replanned(data: dict, setting: str | None) -> None:
     appended lines)."""
     warn_once(render_replanned(data))
     _emit_beside(setting, lambda: render_replanned(data), ".replanned.jsonl", "a", lambda: json.dumps(data) + "\n")
+
+
+def render_shared_budget(data: dict) -> str:
+    held = data["saved_bytes"] + data["param_bytes"]
+    room = data["budget_bytes"] - held > data["under_bytes"]
+    return (f"colauto: this graph of a step Dynamo split at a graph break runs while {data['graphs']} earlier "
+            f"graph(s) hold {fmt_bytes(held)} (saved for their backward {fmt_bytes(data['saved_bytes'])}, "
+            f"parameters and optimizer state {fmt_bytes(data['param_bytes'])})"
+            + (" and leaves room for the graphs after it" if room else "")
+            + f": planned under {fmt_bytes(data['under_bytes'])} of the budget {fmt_bytes(data['budget_bytes'])}")
+
+
+def emit_shared_budget(data: dict, setting: str | None) -> None:
+    """A later graph of a split step planned under the budget less what the earlier graphs hold
+    (backend._shared_budget, split_step): a COLAUTO_REPORT line (JSON: appended lines)."""
+    _emit_beside(setting, lambda: render_shared_budget(data), ".shared_budget.jsonl", "a", lambda: json.dumps(data) + "\n")
 
 
 def render_loosened(data: dict) -> str:

@@ -1,0 +1,258 @@
+"""A memory budget held across the graphs of a training step that Dynamo split at graph breaks.
+
+Dynamo compiles a step with a graph break as several graphs, compiled as they are first reached: their
+forwards run in order and their backwards in reverse. While graph k runs, forward and backward, the graphs
+before it hold what their forwards saved for their backwards, and their parameters with their optimizer
+state; graph k's memory model counts its own inputs and parameters only. Before 2026-12-07 each graph was
+planned under the whole budget: HF OPT (transformers 5.17) peaked at 23.5 GiB under a 19.1 GiB budget on an
+H100 (bench/results/h100-2026-12-07-first-step-last-four/).
+
+Measured, not modelled: each forward compiled under a budget the user set, where Dynamo had recorded a graph
+break, records weak references to the storages it hands its backward (`Graph.tracked`); its backward
+releases them (`Graph.released`), and an autograd graph dropped without a backward frees them. A later
+graph is planned under the budget less what the earlier runs still hold (`held_outside`).
+
+The earlier graphs were planned before the later ones were seen, so they may leave too little: a later
+graph whose least plan does not fit runs that least plan, the step's first run goes over the budget (warned,
+counted in SHORT), and the earlier graphs are planned again, each under its own peak less its share of
+the shortfall (by what it saved: `make_room`), recompiled at their next call (`Graph.__call__`, with that
+call's inputs); the later graph is then planned again under what they leave. The caps are kept
+(`plan_cache`, `caps/`), so a later launch plans the earlier graphs under them at once. Where Dynamo splits the step inside a layer the model repeats, one graph
+runs for every layer; its plan counts what was held at its first run only: warned (RERUN). Graphs of
+symbolic sizes are tracked but not planned again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from . import _torch_compat as compat
+from . import counters, plan_cache, report
+
+SHARED = counters.counter("graphs planned under the budget less what earlier graphs of the step hold")
+SHORT = counters.counter("graphs of a split step whose least plan did not fit what the earlier graphs left")
+REPLANNED = counters.counter("graphs of a split step planned again at their next call")
+UNHELD = counters.counter("graphs of a split step that cannot leave the room the step's other graphs need")
+RERUN = counters.counter("compiled graphs run again in one step while their earlier run's saved tensors are alive")
+MAX_REPLANS = 2   # plans of one graph after its first (each is a compile)
+
+
+@dataclasses.dataclass
+class _Forward:
+    """One run of a tracked forward whose backward has not released what it saved."""
+    saved: list[tuple[Any, int]]          # (weak reference to a storage, its bytes)
+    params: list[weakref.ref]             # the graph's parameters
+    graph: "weakref.ref[Graph]"
+
+
+_PENDING: list[_Forward] = []    # forwards run, oldest first; pruned as their storages die
+# what the backwards that ran left alive (outputs the script holds: the logits), alive through the backwards
+# of the graphs before theirs: (weak reference to a storage, its bytes, the graph)
+_AFTER: list[tuple[Any, int, "weakref.ref[Graph]"]] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """What earlier graphs of the step hold while a later one runs."""
+    saved_bytes: int = 0         # storages their forwards saved for their backwards, still alive
+    param_bytes: int = 0         # their parameters (and optimizer state) that this graph does not take
+    graphs: tuple["Graph", ...] = ()   # the graphs whose runs hold them, oldest first
+
+    @property
+    def nbytes(self) -> int:
+        return self.saved_bytes + self.param_bytes
+
+
+class Graph:
+    """One compiled graph of a split step: the callable Dynamo runs. `compile(inputs)` plans and compiles it
+    under what the earlier graphs leave (backend._split_compile, which sets `fn`; None where it cannot be
+    planned again: symbolic sizes).
+    `cap`: the peak it is planned under at most, so that the step's later graphs fit (kept for later
+    launches under `digest`)."""
+
+    def __init__(self, compile: Callable[[list], None] | None, budget: int, digest: str) -> None:
+        self.compile, self.budget, self.digest = compile, budget, digest
+        kept = (plan_cache.load(f"caps/{digest}") or {}).get("bytes")
+        self.cap: int | None = kept if isinstance(kept, int) else None
+        self.analysis: Any = None     # its plan's analysis (backend.ANALYSES holds the graphs that run)
+        self.held_at_compile = 0      # what the earlier graphs held as it was planned
+        self.fn: Callable | None = None
+        self.stale = False            # plan again at the next call
+        self.replans = 0
+        self.warned_rerun = self.warned_unheld = False
+        self.last_held = 0           # bytes its latest run saved
+
+    def __call__(self, *args: Any) -> Any:
+        if self.stale and self.compile is not None and self.replans < MAX_REPLANS:
+            self.stale = False
+            self.replans += 1
+            REPLANNED["planned again"] += 1
+            self.compile(list(args))
+        return self.fn(*args)
+
+    @property
+    def peak(self) -> int:
+        """Its plan's peak: its compiled code's where Inductor generated it, else the memory model's."""
+        if self.analysis is None:
+            return 0
+        compiled = self.analysis.compiled_peak()
+        return compiled[0] if compiled is not None else self.analysis.modelled_peak
+
+    def under(self, held: Held) -> int:
+        """The budget it is planned under while the earlier graphs hold `held`."""
+        return max(min(self.budget - held.nbytes, self.cap if self.cap is not None else self.budget), 0)
+
+    def tracked(self, fn: Callable) -> Callable:
+        """The compiled forward `fn` (AOTAutograd's), recording each run's output storages that are not its
+        parameters': what it saves for its backward, and what it returns (held by Dynamo's frame between the
+        graphs, or taken by the later graphs, which count their own inputs). A run that starts while an
+        earlier run of this graph still holds what it saved (one graph for each layer of a repeated stack)
+        is warned about once. Boxed calling convention (AOTAutograd calls it with one list)."""
+        boxed = getattr(fn, "_boxed_call", False)
+        params: list[weakref.ref] = []
+        param_storages: set[int] = set()
+        me = weakref.ref(self)
+
+        def run(args: list) -> Any:
+            if not self.warned_rerun:
+                earlier = [f for f in _PENDING if f.graph() is self and _alive(f)]
+                if earlier:
+                    self.warned_rerun = True
+                    RERUN["warned"] += 1
+                    held = sum(n for f in earlier for ref, n in f.saved if not ref.expired())
+                    report.warn_once(
+                        f"colauto: a compiled graph runs again in one training step while {len(earlier)} earlier "
+                        f"run(s) of it hold {report.fmt_bytes(held)} saved for their backward (Dynamo split the step "
+                        "inside a layer the model repeats, so one graph runs for each layer); its plan counted what "
+                        "was held at its first run only, so the step can peak above the memory budget "
+                        f"{report.fmt_bytes(self.budget)}; remove the graph break (torch._dynamo.explain(model)(...) "
+                        "shows where)")
+            if not params:
+                params.extend(weakref.ref(a) for a in args if isinstance(a, torch.nn.Parameter))
+                param_storages.update(compat.storage_key(a) for a in args if isinstance(a, torch.nn.Parameter))
+            out = fn(args) if boxed else fn(*args)
+            saved, seen = [], set(param_storages)
+            for t in out:   # what it saved, and its outputs (held by Dynamo's frame or the later graphs)
+                if isinstance(t, torch.Tensor) and not compat.is_fake(t):
+                    key = compat.storage_key(t)
+                    if key not in seen:
+                        seen.add(key)
+                        saved.append((compat.storage_weak_ref(t), compat.storage_nbytes(t)))
+            self.last_held = sum(n for _, n in saved)
+            _PENDING[:] = [f for f in _PENDING if _alive(f)]
+            _PENDING.append(_Forward(saved, list(params), me))
+            return out
+        run._boxed_call = True   # type: ignore[attr-defined]
+        return run
+
+    def released(self, fn: Callable) -> Callable:
+        """The compiled backward `fn`: as it runs, the latest pending run of this graph no longer counts (the
+        backward reads and frees what it saved; a storage that outlives it, a buffer or an output the script
+        holds, is not the step's)."""
+        boxed = getattr(fn, "_boxed_call", False)
+
+        def run(args: list) -> Any:
+            self._after_others(args)
+            for i in range(len(_PENDING) - 1, -1, -1):
+                if _PENDING[i].graph() is self:
+                    _AFTER.extend((ref, n, _PENDING[i].graph) for ref, n in _PENDING[i].saved if not ref.expired())
+                    del _PENDING[i]
+                    break
+            return fn(args) if boxed else fn(*args)
+        run._boxed_call = True   # type: ignore[attr-defined]
+        return run
+
+    def _after_others(self, args: list) -> None:
+        """As its backward starts: what the later graphs' runs left alive (the script's outputs) is live
+        through it, which its plan did not count. Where that takes it over the budget, it is planned again
+        at its next call under its peak less the excess (kept), else warned (`warn_unheld`)."""
+        _AFTER[:] = [a for a in _AFTER if not a[0].expired()]
+        inputs = {compat.storage_key(t) for t in args if isinstance(t, torch.Tensor)}
+        seen, after = set(inputs), 0
+        for ref, n, graph in _AFTER:
+            if graph() is not self and ref.cdata not in seen:
+                seen.add(ref.cdata)
+                after += n
+        excess = self.peak + self.held_at_compile + after - self.budget
+        if after == 0 or excess <= 0 or self.analysis is None:
+            return
+        cap = self.peak - excess
+        if self.compile is not None and self.replans < MAX_REPLANS and (self.cap is None or cap < self.cap):
+            self.cap, self.stale = cap, True
+            plan_cache.store(f"caps/{self.digest}", {"bytes": cap})
+            SHORT["an earlier graph's backward ran beside what the later graphs returned"] += 1
+            report.warn_once(
+                f"colauto: the memory budget {report.fmt_bytes(self.budget)} is not held by this step's first run: "
+                f"Dynamo split it at a graph break, and what the later graphs returned ({report.fmt_bytes(after)}, "
+                "held by the script) is alive through an earlier graph's backward; that graph is planned again under "
+                f"{report.fmt_bytes(cap)} from the next step on (kept for later launches); remove the graph break to "
+                "plan the step as one graph")
+            return
+        warn_unheld(self, self.peak - excess)
+
+
+def warn_unheld(graph: Graph, least: int) -> None:
+    """A graph of a split step could not be planned under `least` to leave the room the step needs: its step
+    goes over the budget by about what its plan holds above that (warned once a graph, counted in UNHELD)."""
+    if graph.warned_unheld:
+        return
+    graph.warned_unheld = True
+    UNHELD["warned"] += 1
+    report.warn_once(
+        f"colauto: the memory budget {report.fmt_bytes(graph.budget)} is not held: Dynamo split the step at a "
+        f"graph break, and one of its graphs cannot be planned under {report.fmt_bytes(max(least, 0))} to leave "
+        "what the step's other graphs hold while it runs (its plan stays; the step goes over by about "
+        f"{report.fmt_bytes(max(graph.peak - least, 0))}); remove the graph break, or raise the budget by that much")
+
+
+def _alive(forward: _Forward) -> bool:
+    return forward.graph() is not None and any(not ref.expired() for ref, _ in forward.saved)
+
+
+def held_outside(example_inputs: list, optimizer: str = "adamw", own: Graph | None = None) -> Held:
+    """What the forwards run before this graph's compile (or call) still hold, less what this graph takes as
+    inputs, and less the runs of `own` (this graph)."""
+    live = [f for f in _PENDING if _alive(f) and f.graph() is not own]
+    if not live:
+        return Held()
+    inputs = {compat.storage_key(t) for t in example_inputs
+              if isinstance(t, torch.Tensor) and not compat.is_fake(t)}
+    mine = {id(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)}
+    saved, seen = 0, set(inputs)
+    for forward in live:
+        for ref, nbytes in forward.saved:
+            if not ref.expired() and ref.cdata not in seen:
+                seen.add(ref.cdata)
+                saved += nbytes
+    params, counted = 0, set(mine)
+    per_trained = 1 + (2 if optimizer in ("adamw", "adamw_foreach") else 0)
+    for forward in live:
+        for ref in forward.params:
+            p = ref()
+            if p is not None and id(p) not in counted:
+                counted.add(id(p))
+                params += compat.storage_nbytes(p) * (per_trained if p.requires_grad else 1)
+    graphs = tuple(dict.fromkeys(g for g in (f.graph() for f in live) if g is not None))
+    return Held(saved, params, graphs)
+
+
+def make_room(held: Held, short: int) -> list[Graph]:
+    """The earlier graphs `held` names leave `short` bytes more free, shared by what they hold: each is
+    planned again at its next call under its plan's peak less its share (what it saves is all live at its
+    forward's end, so a lower peak saves less), and that cap is kept for later launches. The graphs that
+    will be planned again."""
+    total = sum(g.last_held for g in held.graphs) or 1
+    replanned = []
+    for g in held.graphs:
+        share = -(-short * g.last_held // total)
+        # against its plan's peak; the requests of one step are not summed (each later graph counts all of
+        # what this one saves): the least cap asked for before it is planned again
+        g.cap = min(g.peak - share, g.cap if g.stale and g.cap is not None else g.peak)
+        plan_cache.store(f"caps/{g.digest}", {"bytes": g.cap})
+        if g.compile is not None and g.replans < MAX_REPLANS:
+            g.stale = True
+            replanned.append(g)
+    return replanned
