@@ -98,7 +98,7 @@ def _split_compile(graph: split_step.Graph, config: cfg.Config, resolved: cfg.Co
     before = graph.analysis           # planned again: the plan it replaces no longer runs, if this one does
     if before is not None:
         _forget(before)
-    graph.held_at_compile = held.nbytes
+    graph.params_at_compile = held.param_bytes
     if held.nbytes or graph.cap is not None:
         split_step.SHARED["planned under the rest of the budget"] += 1
         report.emit_shared_budget({"budget_bytes": graph.budget, "saved_bytes": held.saved_bytes,

@@ -60,6 +60,7 @@ class Held:
     saved_bytes: int = 0         # storages their forwards saved for their backwards, still alive
     param_bytes: int = 0         # their parameters (and optimizer state) that this graph does not take
     graphs: tuple["Graph", ...] = ()   # the graphs whose runs hold them, oldest first
+    runs: tuple[int, ...] = ()         # how many runs of each (a graph run for each layer: several)
 
     @property
     def nbytes(self) -> int:
@@ -78,7 +79,7 @@ class Graph:
         kept = (plan_cache.load(f"caps/{digest}") or {}).get("bytes")
         self.cap: int | None = kept if isinstance(kept, int) else None
         self.analysis: Any = None     # its plan's analysis (backend.ANALYSES holds the graphs that run)
-        self.held_at_compile = 0      # what the earlier graphs held as it was planned
+        self.params_at_compile = 0    # the earlier graphs' parameters and optimizer state as it was planned
         self.fn: Callable | None = None
         self.stale = False            # plan again at the next call
         self.replans = 0
@@ -107,8 +108,9 @@ class Graph:
 
     def tracked(self, fn: Callable) -> Callable:
         """The compiled forward `fn` (AOTAutograd's), recording each run's output storages that are not its
-        parameters': what it saves for its backward, and what it returns (held by Dynamo's frame between the
-        graphs, or taken by the later graphs, which count their own inputs). A run that starts while an
+        inputs' (parameters, the batch, an earlier graph's outputs): what it saves for its backward, and what
+        it returns (held by Dynamo's frame between the graphs, or taken by the later graphs, which count their
+        own inputs). A run that starts while an
         earlier run of this graph still holds what it saved (one graph for each layer of a repeated stack)
         is warned about once. Boxed calling convention (AOTAutograd calls it with one list)."""
         boxed = getattr(fn, "_boxed_call", False)
@@ -133,8 +135,11 @@ class Graph:
             if not params:
                 params.extend(weakref.ref(a) for a in args if isinstance(a, torch.nn.Parameter))
                 param_storages.update(compat.storage_key(a) for a in args if isinstance(a, torch.nn.Parameter))
+            # what it takes is another's: the script's (the batch), the model's, or an earlier graph's outputs
+            taken = {compat.storage_key(a) for a in args if isinstance(a, torch.Tensor)
+                     and not isinstance(a, torch.nn.Parameter) and not compat.is_fake(a)}
             out = fn(args) if boxed else fn(*args)
-            saved, seen = [], set(param_storages)
+            saved, seen = [], param_storages | taken
             for t in out:   # what it saved, and its outputs (held by Dynamo's frame or the later graphs)
                 if isinstance(t, torch.Tensor) and not compat.is_fake(t):
                     key = compat.storage_key(t)
@@ -143,6 +148,8 @@ class Graph:
                         saved.append((compat.storage_weak_ref(t), compat.storage_nbytes(t)))
             self.last_held = sum(n for _, n in saved)
             _PENDING[:] = [f for f in _PENDING if _alive(f)]
+            if not _PENDING:    # the first graph of a step: what the last step's backwards left is not this one's
+                _AFTER.clear()
             _PENDING.append(_Forward(saved, list(params), me))
             return out
         run._boxed_call = True   # type: ignore[attr-defined]
@@ -155,12 +162,12 @@ class Graph:
         boxed = getattr(fn, "_boxed_call", False)
 
         def run(args: list) -> Any:
-            self._after_others(args)
             for i in range(len(_PENDING) - 1, -1, -1):
                 if _PENDING[i].graph() is self:
                     _AFTER.extend((ref, n, _PENDING[i].graph) for ref, n in _PENDING[i].saved if not ref.expired())
                     del _PENDING[i]
                     break
+            self._after_others(args)
             return fn(args) if boxed else fn(*args)
         run._boxed_call = True   # type: ignore[attr-defined]
         return run
@@ -171,15 +178,23 @@ class Graph:
         at its next call under its peak less the excess (kept), else warned (`warn_unheld`)."""
         _AFTER[:] = [a for a in _AFTER if not a[0].expired()]
         inputs = {compat.storage_key(t) for t in args if isinstance(t, torch.Tensor)}
-        seen, after = set(inputs), 0
+        seen, after, pending = set(inputs), 0, 0
         for ref, n, graph in _AFTER:
             if graph() is not self and ref.cdata not in seen:
                 seen.add(ref.cdata)
                 after += n
-        excess = self.peak + self.held_at_compile + after - self.budget
-        if after == 0 or excess <= 0 or self.analysis is None:
+        # what the runs still pending hold (the earlier graphs', and earlier runs of this one)
+        live = [f for f in _PENDING if _alive(f)]
+        for f in live:
+            for ref, n in f.saved:
+                if not ref.expired() and ref.cdata not in seen:
+                    seen.add(ref.cdata)
+                    pending += n
+        excess = self.peak + pending + self.params_at_compile + after - self.budget
+        if after == 0 or excess <= 0 or self.analysis is None or self.stale:   # stale: planned again already
             return
-        cap = self.peak - excess
+        runs = 1 + sum(1 for f in live if f.graph() is self)   # each of its runs then saves less
+        cap = self.peak - -(-excess // runs)
         if self.compile is not None and self.replans < MAX_REPLANS and (self.cap is None or cap < self.cap):
             self.cap, self.stale = cap, True
             plan_cache.store(f"caps/{self.digest}", {"bytes": cap})
@@ -235,8 +250,12 @@ def held_outside(example_inputs: list, optimizer: str = "adamw", own: Graph | No
             if p is not None and id(p) not in counted:
                 counted.add(id(p))
                 params += compat.storage_nbytes(p) * (per_trained if p.requires_grad else 1)
-    graphs = tuple(dict.fromkeys(g for g in (f.graph() for f in live) if g is not None))
-    return Held(saved, params, graphs)
+    runs: dict[Graph, int] = {}
+    for f in live:
+        g = f.graph()
+        if g is not None:
+            runs[g] = runs.get(g, 0) + 1
+    return Held(saved, params, tuple(runs), tuple(runs.values()))
 
 
 def make_room(held: Held, short: int) -> list[Graph]:
@@ -244,10 +263,11 @@ def make_room(held: Held, short: int) -> list[Graph]:
     planned again at its next call under its plan's peak less its share (what it saves is all live at its
     forward's end, so a lower peak saves less), and that cap is kept for later launches. The graphs that
     will be planned again."""
-    total = sum(g.last_held for g in held.graphs) or 1
+    weights = [g.last_held * n for g, n in zip(held.graphs, held.runs)]
+    total = sum(weights) or 1
     replanned = []
-    for g in held.graphs:
-        share = -(-short * g.last_held // total)
+    for g, n, weight in zip(held.graphs, held.runs, weights):
+        share = -(-short * weight // (total * n))   # each of its n runs saves that much less
         # against its plan's peak; the requests of one step are not summed (each later graph counts all of
         # what this one saves): the least cap asked for before it is planned again
         g.cap = min(g.peak - share, g.cap if g.stale and g.cap is not None else g.peak)
