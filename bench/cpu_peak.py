@@ -76,11 +76,29 @@ def measured_step(model, batch: dict, options: dict, drop_outputs: bool = False)
     return held + peak, [a for a in backend_mod.ANALYSES if a.planner is not None]
 
 
-def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool = False) -> list[dict]:
-    """One row per point: no budget, then each fraction of the way from the held state to its peak."""
+def graph_break(model: torch.nn.Module, where: str) -> None:
+    """Make Dynamo split the model's step, as a user's print or logging call would: `head`, before its output
+    embedding (a forward pre-hook: the body, the output embedding and the loss become three graphs); `layer`,
+    after the first layer of its first ModuleList (Dynamo then compiles that layer's frame once and runs it
+    for every layer)."""
+    if where == "head":
+        model.get_output_embeddings().register_forward_pre_hook(lambda m, args: torch._dynamo.graph_break())
+    elif where == "layer":
+        stack = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m))
+        stack[0].register_forward_hook(lambda m, args, out: torch._dynamo.graph_break())
+    else:
+        raise ValueError(f"--graph-break {where!r}: use head or layer")
+
+
+def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool = False,
+           broken: str | None = None) -> list[dict]:
+    """One row per point: no budget, then each fraction of the way from the held state to its peak.
+    `broken`: where a graph break splits the step (`graph_break`)."""
     from examples.hf_zoo import SPECS, build_hf
     torch.manual_seed(0)
     model, make = build_hf(name)
+    if broken is not None:
+        graph_break(model, broken)
     batch = make(8, 32) if SPECS[name].kind == "image" else make(8, 256)
     rows, base = [], None
     for fraction in [None, *fractions]:
@@ -90,8 +108,9 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
             if base is None:
                 break
             options["memory_budget"] = row["budget_bytes"] = int(base[1] + fraction * (base[0] - base[1]))
-        from colauto_backend import _torch_compat as compat, backend
+        from colauto_backend import _torch_compat as compat, backend, split_step
         refused = sum(compat.RECOMPUTE_KEPT_APART.values())
+        split = [sum(c.values()) for c in (split_step.SHORT, split_step.REPLANNED, split_step.UNHELD, split_step.RERUN)]
         again = (sum(backend.REPLANNED.values()), sum(backend.FUSION_REFUSED_AGAIN.values()),
                  sum(backend.LOOSENED.values()), sum(backend.LOOSER_OVER.values()))
         try:
@@ -107,7 +126,9 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
             row["compiled_bytes"] = max(c[0] for c in compiled)
             row["compiled_error_pct"] = 100 * (row["compiled_bytes"] / measured - 1)
         if fraction is None:
-            base = (predicted, evs[0]["param_bytes"] + evs[0]["grad_bytes"] + evs[0]["optimizer_state_bytes"])
+            # a split step's own graphs' peaks do not add up to its peak: the fractions are of the measured one
+            base = (measured if broken is not None else predicted,
+                    evs[0]["param_bytes"] + evs[0]["grad_bytes"] + evs[0]["optimizer_state_bytes"])
         rows.append(row | {"measured_bytes": measured, "predicted_bytes": predicted, "graphs": len(evs),
                            "recomputed": sum(len(a.recomputed) for a in planned),
                            "error_pct": 100 * (predicted / measured - 1),
@@ -120,6 +141,13 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
                            "fusion_refused_again": sum(backend.FUSION_REFUSED_AGAIN.values()) - again[1],
                            # planned again under more of the budget (the compiled step well under it), and
                            # those looser plans that went over it (the plan that held kept)
+                           # a step split at a graph break (split_step): graphs that fell short of what the
+                           # earlier left, graphs planned again, graphs that could not leave the room, and
+                           # graphs run for each layer
+                           "split": dict(zip(("short", "replanned", "unheld", "rerun"),
+                                             (sum(c.values()) - k for c, k in zip(
+                                                 (split_step.SHORT, split_step.REPLANNED, split_step.UNHELD,
+                                                  split_step.RERUN), split)))),
                            "loosened": sum(backend.LOOSENED.values()) - again[2],
                            "looser_over": sum(backend.LOOSER_OVER.values()) - again[3]})
     return rows
@@ -134,6 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--drop-outputs", action="store_true",
                     help="the step keeps only the loss, not the model's output until after the optimizer step "
                          "(the memory model's assumption); compiled_bytes is then the compiled peak for such a step")
+    ap.add_argument("--graph-break", choices=["head", "layer"], default=None,
+                    help="split each model's step with a graph break: before its output embedding, or after its "
+                         "first layer (bench.cpu_peak.graph_break); budgets are then fractions of the measured peak")
     ap.add_argument("--no-inductor-buffer-reuse", action="store_true",
                     help="a diagnostic: torch._inductor.config.allow_buffer_reuse=False for every compile (Inductor "
                          "then neither holds a freed buffer for a later same-size one nor reuses it at the next "
@@ -149,7 +180,7 @@ def main(argv=None) -> int:
     rows = []
     for name in args.models.split(","):
         for codegen in args.codegens.split(","):
-            for row in points(name, codegen, fractions, args.drop_outputs):
+            for row in points(name, codegen, fractions, args.drop_outputs, args.graph_break):
                 rows.append(row)
                 where = f"{name:10s} {codegen:9s} {row['fraction'] or 'none':>5}"
                 if "error" in row:
@@ -163,10 +194,11 @@ def main(argv=None) -> int:
                          f"{row['fusion_refused_again']}, re-planned {row['replanned']}, loosened {row['loosened']} "
                          f"(over: {row['looser_over']}), budget {row['budget_bytes'] / 2**20:.2f} MiB, "
                          f"{row['recomputed']} ops recomputed" if row["fraction"] is not None else "")
+                      + (f"  split step: {row['split']}" if args.graph_break or any(row["split"].values()) else "")
                       + ("  MEASURED ABOVE THE BUDGET" if row["over_budget"] else ""), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "peaks.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows,
+    (out / "peaks.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows, "graph_break": args.graph_break,
                                                 "inductor_buffer_reuse": not args.no_inductor_buffer_reuse}, indent=1))
     return 0
 

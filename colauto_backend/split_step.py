@@ -8,18 +8,22 @@ planned under the whole budget: HF OPT (transformers 5.17) peaked at 23.5 GiB un
 H100 (bench/results/h100-2026-12-07-first-step-last-four/).
 
 Measured, not modelled: each forward compiled under a budget the user set, where Dynamo had recorded a graph
-break, records weak references to the storages it hands its backward (`Graph.tracked`); its backward
-releases them (`Graph.released`), and an autograd graph dropped without a backward frees them. A later
-graph is planned under the budget less what the earlier runs still hold (`held_outside`).
+break, records weak references to the storages it saves for its backward and returns, not its inputs'
+(`Graph.tracked`); its backward releases them (`Graph.released`), and an autograd graph dropped without a
+backward frees them. A later graph is planned under the budget less what the earlier runs still hold
+(`held_outside`: their storages, and their parameters with their optimizer state).
 
 The earlier graphs were planned before the later ones were seen, so they may leave too little: a later
 graph whose least plan does not fit runs that least plan, the step's first run goes over the budget (warned,
-counted in SHORT), and the earlier graphs are planned again, each under its own peak less its share of
-the shortfall (by what it saved: `make_room`), recompiled at their next call (`Graph.__call__`, with that
-call's inputs); the later graph is then planned again under what they leave. The caps are kept
-(`plan_cache`, `caps/`), so a later launch plans the earlier graphs under them at once. Where Dynamo splits the step inside a layer the model repeats, one graph
-runs for every layer; its plan counts what was held at its first run only: warned (RERUN). Graphs of
-symbolic sizes are tracked but not planned again.
+counted in SHORT), and the earlier graphs are planned again, each under its own peak less its share of the
+shortfall (by what its runs hold: `make_room`), recompiled at their next call (`Graph.__call__`, with that
+call's inputs); the later graph is then planned again under what they leave. Likewise where what the later
+graphs returned (the logits the script holds) is alive through an earlier graph's backward
+(`Graph._after_others`). The caps are kept (`plan_cache`, `caps/`), so a later launch plans the earlier
+graphs under them at once. Where Dynamo splits the step inside a layer the model repeats, one graph runs for
+every layer: warned once (RERUN), and its share divided among its runs. Graphs of symbolic sizes are
+tracked but not planned again; where even the least plans cannot leave the room, the step runs over the
+budget, warned (`warn_unheld`).
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ class _Forward:
     saved: list[tuple[Any, int]]          # (weak reference to a storage, its bytes)
     params: list[weakref.ref]             # the graph's parameters
     graph: "weakref.ref[Graph]"
+    taken: set[int]                       # the storages it took as inputs (its own to count)
 
 
 _PENDING: list[_Forward] = []    # forwards run, oldest first; pruned as their storages die
@@ -84,7 +89,7 @@ class Graph:
         self.stale = False            # plan again at the next call
         self.replans = 0
         self.warned_rerun = self.warned_unheld = False
-        self.last_held = 0           # bytes its latest run saved
+        self.last_held = 0            # bytes its latest run holds
 
     def __call__(self, *args: Any) -> Any:
         if self.stale and self.compile is not None and self.replans < MAX_REPLANS:
@@ -110,9 +115,9 @@ class Graph:
         """The compiled forward `fn` (AOTAutograd's), recording each run's output storages that are not its
         inputs' (parameters, the batch, an earlier graph's outputs): what it saves for its backward, and what
         it returns (held by Dynamo's frame between the graphs, or taken by the later graphs, which count their
-        own inputs). A run that starts while an
-        earlier run of this graph still holds what it saved (one graph for each layer of a repeated stack)
-        is warned about once. Boxed calling convention (AOTAutograd calls it with one list)."""
+        own inputs). A run that starts while an earlier run of this graph still holds what it saved (one
+        graph for each layer of a repeated stack) is warned about once. Boxed calling convention
+        (AOTAutograd calls it with one list)."""
         boxed = getattr(fn, "_boxed_call", False)
         params: list[weakref.ref] = []
         param_storages: set[int] = set()
@@ -128,10 +133,10 @@ class Graph:
                     report.warn_once(
                         f"colauto: a compiled graph runs again in one training step while {len(earlier)} earlier "
                         f"run(s) of it hold {report.fmt_bytes(held)} saved for their backward (Dynamo split the step "
-                        "inside a layer the model repeats, so one graph runs for each layer); its plan counted what "
-                        "was held at its first run only, so the step can peak above the memory budget "
-                        f"{report.fmt_bytes(self.budget)}; remove the graph break (torch._dynamo.explain(model)(...) "
-                        "shows where)")
+                        "inside a layer the model repeats, so one graph runs for each layer); it was planned for its "
+                        "first run, so the step can go over the memory budget "
+                        f"{report.fmt_bytes(self.budget)} until it is planned again for all of them; remove the graph "
+                        "break (torch._dynamo.explain(model)(...) shows where)")
             if not params:
                 params.extend(weakref.ref(a) for a in args if isinstance(a, torch.nn.Parameter))
                 param_storages.update(compat.storage_key(a) for a in args if isinstance(a, torch.nn.Parameter))
@@ -150,7 +155,7 @@ class Graph:
             _PENDING[:] = [f for f in _PENDING if _alive(f)]
             if not _PENDING:    # the first graph of a step: what the last step's backwards left is not this one's
                 _AFTER.clear()
-            _PENDING.append(_Forward(saved, list(params), me))
+            _PENDING.append(_Forward(saved, list(params), me, taken))
             return out
         run._boxed_call = True   # type: ignore[attr-defined]
         return run
@@ -162,22 +167,26 @@ class Graph:
         boxed = getattr(fn, "_boxed_call", False)
 
         def run(args: list) -> Any:
+            taken: set[int] = set()
             for i in range(len(_PENDING) - 1, -1, -1):
                 if _PENDING[i].graph() is self:
                     _AFTER.extend((ref, n, _PENDING[i].graph) for ref, n in _PENDING[i].saved if not ref.expired())
+                    taken = _PENDING[i].taken
                     del _PENDING[i]
                     break
-            self._after_others(args)
+            self._after_others(args, taken)
             return fn(args) if boxed else fn(*args)
         run._boxed_call = True   # type: ignore[attr-defined]
         return run
 
-    def _after_others(self, args: list) -> None:
-        """As its backward starts: what the later graphs' runs left alive (the script's outputs) is live
-        through it, which its plan did not count. Where that takes it over the budget, it is planned again
-        at its next call under its peak less the excess (kept), else warned (`warn_unheld`)."""
+    def _after_others(self, args: list, taken: set[int]) -> None:
+        """As its backward starts: what the later graphs' runs left alive (the script's outputs) and the runs
+        still pending (earlier runs of this graph, for each layer) are live through it, which its plan did not
+        count. Where that takes it over the budget, it is planned again at its next call under its peak less
+        the excess, divided among its runs (kept), else warned (`warn_unheld`)."""
         _AFTER[:] = [a for a in _AFTER if not a[0].expired()]
-        inputs = {compat.storage_key(t) for t in args if isinstance(t, torch.Tensor)}
+        # its own: what the backward takes, and what its forward took (its plan counted both)
+        inputs = {compat.storage_key(t) for t in args if isinstance(t, torch.Tensor)} | taken
         seen, after, pending = set(inputs), 0, 0
         for ref, n, graph in _AFTER:
             if graph() is not self and ref.cdata not in seen:
@@ -191,18 +200,19 @@ class Graph:
                     seen.add(ref.cdata)
                     pending += n
         excess = self.peak + pending + self.params_at_compile + after - self.budget
-        if after == 0 or excess <= 0 or self.analysis is None or self.stale:   # stale: planned again already
+        if excess <= 0 or self.analysis is None or self.stale:   # stale: planned again already
             return
         runs = 1 + sum(1 for f in live if f.graph() is self)   # each of its runs then saves less
         cap = self.peak - -(-excess // runs)
         if self.compile is not None and self.replans < MAX_REPLANS and (self.cap is None or cap < self.cap):
             self.cap, self.stale = cap, True
             plan_cache.store(f"caps/{self.digest}", {"bytes": cap})
-            SHORT["an earlier graph's backward ran beside what the later graphs returned"] += 1
+            SHORT["an earlier graph's backward ran beside what the step's other runs hold"] += 1
             report.warn_once(
                 f"colauto: the memory budget {report.fmt_bytes(self.budget)} is not held by this step's first run: "
-                f"Dynamo split it at a graph break, and what the later graphs returned ({report.fmt_bytes(after)}, "
-                "held by the script) is alive through an earlier graph's backward; that graph is planned again under "
+                f"Dynamo split it at a graph break, and through an earlier graph's backward the step's other runs hold "
+                f"{report.fmt_bytes(pending + after)} (still pending {report.fmt_bytes(pending)}, what the later graphs "
+                f"returned and the script holds {report.fmt_bytes(after)}); that graph is planned again under "
                 f"{report.fmt_bytes(cap)} from the next step on (kept for later launches); remove the graph break to "
                 "plan the step as one graph")
             return
