@@ -233,6 +233,12 @@ def warn_unheld(graph: Graph, least: int) -> None:
         f"{report.fmt_bytes(max(graph.peak - least, 0))}); remove the graph break, or raise the budget by that much")
 
 
+def reset() -> None:
+    """Forget every forward run recorded, as a new process starts (tests/conftest.py, before each test)."""
+    _PENDING.clear()
+    _AFTER.clear()
+
+
 def _alive(forward: _Forward) -> bool:
     return forward.graph() is not None and any(not ref.expired() for ref, _ in forward.saved)
 

@@ -94,6 +94,11 @@ def fresh_dynamo(monkeypatch):
     torch.manual_seed(0)
     from colauto_backend.backend import ANALYSES
     ANALYSES.clear()    # bounded history: counts in tests start from empty
+    # as in a new process: no graph break recorded (a budgeted compile after one is a split step's graph,
+    # colauto_backend/split_step.py), and no forward run by an earlier test still counted as pending
+    torch._dynamo.utils.counters.pop("graph_break", None)
+    from colauto_backend import split_step
+    split_step.reset()
     yield
     torch._dynamo.reset()
 
