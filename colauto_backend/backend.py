@@ -98,7 +98,7 @@ def _split_compile(graph: split_step.Graph, config: cfg.Config, resolved: cfg.Co
     before = graph.analysis           # planned again: the plan it replaces no longer runs, if this one does
     if before is not None:
         _forget(before)
-    graph.params_at_compile = held.param_bytes
+    graph.params_at_compile, graph.planned_under = held.param_bytes, under
     if held.nbytes or graph.cap is not None:
         split_step.SHARED["planned under the rest of the budget"] += 1
         report.emit_shared_budget({"budget_bytes": graph.budget, "saved_bytes": held.saved_bytes,
@@ -136,7 +136,12 @@ def _split_compile(graph: split_step.Graph, config: cfg.Config, resolved: cfg.Co
             raise
         short = error.smallest_bytes - under
         if not split_step.make_room(held, short):
-            raise _unshared(graph.budget, held, error) from None
+            if not any(g.compile is not None for g in held.graphs):   # symbolic sizes: never planned again
+                raise _unshared(graph.budget, held, error) from None
+            # planned again as often as they may be: its least plan runs, over the budget (warned)
+            compile_under(error.smallest_bytes)
+            split_step.warn_unheld(graph, under)
+            return
         split_step.SHORT["ran its least plan; the earlier graphs planned again"] += 1
         report.warn_once(
             f"colauto: the memory budget {report.fmt_bytes(graph.budget)} is not held by this step's first run: "

@@ -85,6 +85,7 @@ class Graph:
         self.cap: int | None = kept if isinstance(kept, int) else None
         self.analysis: Any = None     # its plan's analysis (backend.ANALYSES holds the graphs that run)
         self.params_at_compile = 0    # the earlier graphs' parameters and optimizer state as it was planned
+        self.planned_under = budget   # the budget it was last to be planned under
         self.fn: Callable | None = None
         self.stale = False            # plan again at the next call
         self.replans = 0
@@ -92,11 +93,14 @@ class Graph:
         self.last_held = 0            # bytes its latest run holds
 
     def __call__(self, *args: Any) -> Any:
-        if self.stale and self.compile is not None and self.replans < MAX_REPLANS:
+        if self.stale:
             self.stale = False
-            self.replans += 1
-            REPLANNED["planned again"] += 1
-            self.compile(list(args))
+            if self.compile is not None and self.replans < MAX_REPLANS:
+                self.replans += 1
+                REPLANNED["planned again"] += 1
+                self.compile(list(args))
+            else:   # its plan stays, over what it was to be planned under
+                warn_unheld(self, self.planned_under)
         return self.fn(*args)
 
     @property
