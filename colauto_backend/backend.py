@@ -91,8 +91,9 @@ def _split_compile(graph: split_step.Graph, config: cfg.Config, resolved: cfg.Co
     step's earlier graphs hold as it is compiled (counted, reported), and under its cap (room for its later
     graphs). Where even its least plan does not fit, it runs that plan, this step goes over the budget
     (warned, counted), and the earlier graphs are planned again leaving the room at their next call
-    (`split_step.make_room`), then this one under what they leave; where they cannot be (symbolic sizes, or
-    planned again too often), a BudgetError names the budget the step needs."""
+    (`split_step.make_room`), then this one under what they leave; where they have been planned again as
+    often as they may be, its least plan runs, warned; where they never can be (symbolic sizes), a
+    BudgetError names the budget the step needs."""
     held = split_step.held_outside(example_inputs, config.optimizer, own=graph)
     under = graph.under(held)
     before = graph.analysis           # planned again: the plan it replaces no longer runs, if this one does
@@ -107,7 +108,7 @@ def _split_compile(graph: split_step.Graph, config: cfg.Config, resolved: cfg.Co
 
     def compile_under(nbytes: int) -> None:
         graph.fn = _held_to_budget(dataclasses.replace(config, memory_budget=("bytes", float(nbytes))), None,
-                                   gm, example_inputs, split=graph)
+                                   gm, example_inputs, step_graph=graph)
         graph.analysis = ANALYSES[-1]   # the plan that runs (a looser attempt dropped, the held one restored)
     try:
         compile_under(under)
@@ -177,7 +178,7 @@ FUSION_REFUSED_AGAIN = counters.counter(
 
 
 def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None,
-                    gm: torch.fx.GraphModule, example_inputs: list, split: split_step.Graph | None = None) -> Callable:
+                    gm: torch.fx.GraphModule, example_inputs: list, step_graph: split_step.Graph | None = None) -> Callable:
     """The single-device compile of one graph (`local_backend`, which resolves the codegen and reports
     "(auto)"), held to a budget the user set by the compiled code's peak. Where Inductor generates both
     graphs of a training step, the backward is compiled with the forward (`compat.backward_compiled_now`),
@@ -206,9 +207,8 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
     first = next((t for t in example_inputs if isinstance(t, torch.Tensor)), None)
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
     generated = resolved.codegen == "inductor" or (resolved.codegen == "triton" and rest_by_inductor(example_inputs))
-    set_by_user = config.memory_budget is not None and config.memory_budget[0] != "none"
-    if not (set_by_user and training and generated and first is not None and on_analysis is None):
-        return local_backend(config, on_analysis, step_graph=split)(gm, example_inputs)
+    if not (_user_budget(config) and training and generated and first is not None and on_analysis is None):
+        return local_backend(config, on_analysis, step_graph=step_graph)(gm, example_inputs)
     device = resolve(resolved.device, first)
     budget = planner.resolve_budget(config.memory_budget, device.memory_bytes)
     auto = config.planned_rules is None
@@ -235,7 +235,7 @@ def _held_to_budget(config: cfg.Config, on_analysis: Callable[[Analysis], None] 
         planned: list[Analysis] = []
         try:
             with compat.backward_compiled_now():
-                compiled = local_backend(under, on_analysis, planned_out=planned, step_graph=split)(gm, example_inputs)
+                compiled = local_backend(under, on_analysis, planned_out=planned, step_graph=step_graph)(gm, example_inputs)
         except planner.BudgetError as error:
             if held is not None:    # no plan under the looser budget: cannot be (it is above a held one's)
                 return held.restore(digest, rules if auto else None, resolved.report)
@@ -474,10 +474,6 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                                      "cuda graphs" if config.cudagraphs else None)
         marked = False
         planned: list[Analysis] = []   # the graph's published analysis, once partitioned (its plan, if any)
-        # one graph of a step Dynamo split (`step_graph`): what each forward saves is recorded for the later graphs'
-        # budget, and released by its backward (`split_step`; not through AOTAutograd's cache, whose compiled
-        # forward is not colauto's)
-        tracks = step_graph is not None
 
         def analyze_graph(joint, fw, bw, num_fwd_outputs, params) -> Analysis:
             env = compat.shape_env_of(joint.graph)
@@ -555,8 +551,6 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             chosen = dataclasses.replace(chosen, chunked_losses=chunked)
             analysis = dataclasses.replace(analysis, plan=chosen, planner=remat)
             planned[:] = [analysis]
-            if step_graph is not None:
-                step_graph.analysis = analysis
             if planned_out is not None:
                 planned_out[:] = [analysis]
             publish(analysis)
@@ -574,14 +568,17 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         # the backward may be compiled at its first run, outside the (paused) backend call: paused there too
         compilers = [functools.partial(codegen, is_backward=False),
                      planner.gc_paused(functools.partial(codegen, is_backward=True)), inference]
-        if tracks:
+        # one graph of a step Dynamo split (`step_graph`): what each forward saves is recorded for the later graphs'
+        # budget, and released by its backward (`split_step`; not through AOTAutograd's cache, whose compiled
+        # forward is not colauto's)
+        if step_graph is not None:
             compilers[0] = lambda fw, inputs: step_graph.tracked(codegen(fw, inputs, is_backward=False))
             compilers[1] = planner.gc_paused(lambda bw, inputs: step_graph.released(codegen(bw, inputs, is_backward=True)))
         # torch's AOTAutograd cache keeps Inductor's compiled graphs between launches (not for explain or
         # profile, which need the partition to run; not for CUDA-graph wrappers; not on several ranks,
         # where the graphs hold collectives or DTensors and the cache is untested)
         cached = (config.codegen == "inductor" and not config.cudagraphs and dp is None and decide is None
-                  and on_analysis is None and not tracks
+                  and on_analysis is None and step_graph is None
                   and plan_cache.directory() is not None and mesh.world_size() == 1)
         key = contextlib.nullcontext()
         if cached:
