@@ -84,6 +84,7 @@ class Graph:
         kept = (plan_cache.load(f"caps/{digest}") or {}).get("bytes")
         self.cap: int | None = kept if isinstance(kept, int) else None
         self.analysis: Any = None     # its plan's analysis (backend.ANALYSES holds the graphs that run)
+        self._peak: tuple[Any, int] = (None, 0)   # (analysis, its peak): `peak`
         self.params_at_compile = 0    # the earlier graphs' parameters and optimizer state as it was planned
         self.planned_under = budget   # the budget it was last to be planned under
         self.fn: Callable | None = None
@@ -105,11 +106,14 @@ class Graph:
 
     @property
     def peak(self) -> int:
-        """Its plan's peak: its compiled code's where Inductor generated it, else the memory model's."""
+        """Its plan's peak: its compiled code's where Inductor generated it, else the memory model's. Kept
+        per plan (reading the compiled code's replays its allocations; it is asked at every backward)."""
         if self.analysis is None:
             return 0
-        compiled = self.analysis.compiled_peak()
-        return compiled[0] if compiled is not None else self.analysis.modelled_peak
+        if self._peak[0] is not self.analysis:
+            compiled = self.analysis.compiled_peak()
+            self._peak = (self.analysis, compiled[0] if compiled is not None else self.analysis.modelled_peak)
+        return self._peak[1]
 
     def under(self, held: Held) -> int:
         """The budget it is planned under while the earlier graphs hold `held`."""
@@ -191,18 +195,14 @@ class Graph:
         _AFTER[:] = [a for a in _AFTER if not a[0].expired()]
         # its own: what the backward takes, and what its forward took (its plan counted both)
         inputs = {compat.storage_key(t) for t in args if isinstance(t, torch.Tensor)} | taken
-        seen, after, pending = set(inputs), 0, 0
+        seen, after = set(inputs), 0
         for ref, n, graph in _AFTER:
             if graph() is not self and ref.cdata not in seen:
                 seen.add(ref.cdata)
                 after += n
         # what the runs still pending hold (the earlier graphs', and earlier runs of this one)
         live = [f for f in _PENDING if _alive(f)]
-        for f in live:
-            for ref, n in f.saved:
-                if not ref.expired() and ref.cdata not in seen:
-                    seen.add(ref.cdata)
-                    pending += n
+        pending = _storage_bytes(live, seen)
         excess = self.peak + pending + self.params_at_compile + after - self.budget
         if excess <= 0 or self.analysis is None or self.stale:   # stale: planned again already
             return
@@ -243,6 +243,17 @@ def reset() -> None:
     _AFTER.clear()
 
 
+def _storage_bytes(runs: list[_Forward], seen: set[int]) -> int:
+    """Bytes of the live storages `runs` recorded, each once, none of `seen` (which gets them)."""
+    total = 0
+    for forward in runs:
+        for ref, nbytes in forward.saved:
+            if not ref.expired() and ref.cdata not in seen:
+                seen.add(ref.cdata)
+                total += nbytes
+    return total
+
+
 def _alive(forward: _Forward) -> bool:
     return forward.graph() is not None and any(not ref.expired() for ref, _ in forward.saved)
 
@@ -256,12 +267,7 @@ def held_outside(example_inputs: list, optimizer: str = "adamw", own: Graph | No
     inputs = {compat.storage_key(t) for t in example_inputs
               if isinstance(t, torch.Tensor) and not compat.is_fake(t)}
     mine = {id(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)}
-    saved, seen = 0, set(inputs)
-    for forward in live:
-        for ref, nbytes in forward.saved:
-            if not ref.expired() and ref.cdata not in seen:
-                seen.add(ref.cdata)
-                saved += nbytes
+    saved = _storage_bytes(live, set(inputs))
     params, counted = 0, set(mine)
     per_trained = 1 + (2 if optimizer in ("adamw", "adamw_foreach") else 0)
     for forward in live:
