@@ -18,8 +18,9 @@ graph whose least plan does not fit runs that least plan, the step's first run g
 counted in SHORT), and the earlier graphs are planned again, each under its own peak less its share of the
 shortfall (by what its runs hold: `make_room`), recompiled at their next call (`Graph.__call__`, with that
 call's inputs); the later graph is then planned again under what they leave. Likewise where what the later
-graphs returned (the logits the script holds) is alive through an earlier graph's backward
-(`Graph._after_others`). The caps are kept (`plan_cache`, `caps/`), so a later launch plans the earlier
+graphs returned or took (the logits the script holds, made by a later graph or by eager code between the
+graphs: Dynamo 2.11 runs an output embedding whose hook breaks the graph outside any graph) is alive through
+an earlier graph's backward (`Graph._after_others`). The caps are kept (`plan_cache`, `caps/`), so a later launch plans the earlier
 graphs under them at once. Where Dynamo splits the step inside a layer the model repeats, one graph runs for
 every layer: warned once (RERUN), and its share divided among its runs. Graphs of symbolic sizes are
 tracked but not planned again; where even the least plans cannot leave the room, the step runs over the
@@ -51,6 +52,10 @@ class _Forward:
     params: list[weakref.ref]             # the graph's parameters
     graph: "weakref.ref[Graph]"
     taken: set[int]                       # the storages it took as inputs (its own to count)
+    # what it took that is neither a parameter nor an earlier graph's: made by eager code between the graphs
+    # (an output embedding Dynamo ran outside them: the logits) or the script's (the labels); alive through
+    # the earlier graphs' backwards where the script holds them
+    took: list[tuple[Any, int]] = dataclasses.field(default_factory=list)
 
 
 _PENDING: list[_Forward] = []    # forwards run, oldest first; pruned as their storages die
@@ -149,8 +154,9 @@ class Graph:
                 params.extend(weakref.ref(a) for a in args if isinstance(a, torch.nn.Parameter))
                 param_storages.update(compat.storage_key(a) for a in args if isinstance(a, torch.nn.Parameter))
             # what it takes is another's: the script's (the batch), the model's, or an earlier graph's outputs
-            taken = {compat.storage_key(a) for a in args if isinstance(a, torch.Tensor)
-                     and not isinstance(a, torch.nn.Parameter) and not compat.is_fake(a)}
+            took = {compat.storage_key(a): a for a in args if isinstance(a, torch.Tensor)
+                    and not isinstance(a, torch.nn.Parameter) and not compat.is_fake(a)}
+            taken = set(took)
             out = fn(args) if boxed else fn(*args)
             saved, seen = [], param_storages | taken
             for t in out:   # what it saved, and its outputs (held by Dynamo's frame or the later graphs)
@@ -163,7 +169,8 @@ class Graph:
             _PENDING[:] = [f for f in _PENDING if _alive(f)]
             if not _PENDING:    # the first graph of a step: what the last step's backwards left is not this one's
                 _AFTER.clear()
-            _PENDING.append(_Forward(saved, list(params), me, taken))
+            _PENDING.append(_Forward(saved, list(params), me, taken,
+                                     [(compat.storage_weak_ref(a), compat.storage_nbytes(a)) for a in took.values()]))
             return out
         run._boxed_call = True   # type: ignore[attr-defined]
         return run
@@ -178,7 +185,8 @@ class Graph:
             taken: set[int] = set()
             for i in range(len(_PENDING) - 1, -1, -1):
                 if _PENDING[i].graph() is self:
-                    _AFTER.extend((ref, n, _PENDING[i].graph) for ref, n in _PENDING[i].saved if not ref.expired())
+                    _AFTER.extend((ref, n, _PENDING[i].graph) for ref, n in [*_PENDING[i].saved, *_PENDING[i].took]
+                                  if not ref.expired())
                     taken = _PENDING[i].taken
                     del _PENDING[i]
                     break
@@ -216,7 +224,7 @@ class Graph:
                 f"colauto: the memory budget {report.fmt_bytes(self.budget)} is not held by this step's first run: "
                 f"Dynamo split it at a graph break, and through an earlier graph's backward the step's other runs hold "
                 f"{report.fmt_bytes(pending + after)} (still pending {report.fmt_bytes(pending)}, what the later graphs "
-                f"returned and the script holds {report.fmt_bytes(after)}); that graph is planned again under "
+                f"returned or took, which the script holds {report.fmt_bytes(after)}); that graph is planned again under "
                 f"{report.fmt_bytes(cap)} from the next step on (kept for later launches); remove the graph break to "
                 "plan the step as one graph")
             return

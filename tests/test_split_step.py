@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bench import cpu_peak
-from colauto_backend import _torch_compat as compat, backend, report, split_step
+from colauto_backend import backend, report, split_step
 from examples.hf_zoo import SPECS, build_hf
 
 
@@ -50,20 +50,19 @@ def test_a_step_split_at_a_graph_break_holds_the_budget_from_its_second_run(code
     # the first run went over (the body was planned before the later graphs were seen): said so, and the body
     # planned again leaving room, the later graphs under what it leaves
     first = [str(w.message) for w in seen if "is not held by this step's first run" in str(w.message)]
-    if codegen == "aten" or compat.torch_at_least(2, 13):   # Inductor 2.11's body leaves room at once
-        assert first and "graph break" in first[0], [str(w.message) for w in seen]
-        assert _counts(split_step.SHORT) > short and _counts(split_step.REPLANNED) > again
+    assert first and "graph break" in first[0], [str(w.message) for w in seen]
+    assert _counts(split_step.SHORT) > short and _counts(split_step.REPLANNED) > again
     assert len(planned) >= 2 and sum(len(a.recomputed) for a in planned) > 0   # 3 graphs on torch 2.13, 2 on 2.11
-    # torch 2.11 under inductor (2 graphs): 17.76 MiB measured under 16.46, no warning; not diagnosed (README Limits)
-    if codegen == "aten" or compat.torch_at_least(2, 13):
-        assert measured <= budget, (measured, budget)
+    # torch 2.11 (2 graphs) runs the output embedding eagerly between them: its logits, which the loss graph
+    # takes and the script holds, are alive through the body's backward (17.76 MiB under 16.46 until they
+    # were counted, 2026-12-07)
+    assert measured <= budget, (measured, budget)
     # a later launch plans the body under its kept cap at once: no graph falls short, none is planned again
     torch._dynamo.reset()
     short, again = _counts(split_step.SHORT), _counts(split_step.REPLANNED)
     second, _ = cpu_peak.measured_step(model, batch, {"codegen": codegen, "memory_budget": budget})
     assert (_counts(split_step.SHORT), _counts(split_step.REPLANNED)) == (short, again)
-    if codegen == "aten" or compat.torch_at_least(2, 13):
-        assert second <= budget, (second, budget)
+    assert second <= budget, (second, budget)
 
 
 @pytest.mark.parametrize("name, where", [("llama", "head"), ("t5", "head"), ("vit", "layer")])
