@@ -252,10 +252,12 @@ def reset() -> None:
 
 
 def _storage_bytes(runs: list[_Forward], seen: set[int]) -> int:
-    """Bytes of the live storages `runs` recorded, each once, none of `seen` (which gets them)."""
+    """Bytes of the live storages `runs` recorded, what they saved and returned and what they took that no
+    graph made (eager code's outputs between the graphs: an embedding Dynamo ran outside them, a mask an
+    inference graph made), each once, none of `seen` (which gets them)."""
     total = 0
     for forward in runs:
-        for ref, nbytes in forward.saved:
+        for ref, nbytes in [*forward.saved, *forward.took]:
             if not ref.expired() and ref.cdata not in seen:
                 seen.add(ref.cdata)
                 total += nbytes
