@@ -599,3 +599,27 @@ def test_a_gathered_convolution_weight_is_found():
     assert compat._bucketing_views_a_convolution_tensor(graph(aten.convolution.default, "weight")) == ["bucket_all_gathers_fx"]
     assert compat._bucketing_views_a_convolution_tensor(graph(aten.convolution.default, "input")) == []
     assert compat._bucketing_views_a_convolution_tensor(graph(aten.mm.default, "weight")) == []
+
+
+@pytest.mark.parametrize("mesh_name", ["1d", "2d"])
+@pytest.mark.parametrize("dim", [0, 2])
+def test_index_put_is_never_sharded_on_a_dim_an_index_selects(meshes, mesh_name, dim):
+    """The backward of a gather lifted over the ranks (HF Qwen2-MoE's experts indexed by each rank's routing
+    under tp): index_put of zeros [4, 64, 64] on dims 0 and 1 by indices [4, 1] and [4, 64], values
+    [4, 64, 64]. Whatever `self` and `values` arrive as, DTensor's choice must not leave them sharded on an
+    indexed dim (the indices stay whole: a rank's local positions are not the global ones). Torch 2.11's
+    strategy kept both Shard(0): Qwen2-MoE under dp=2,tp=2 failed in its backward ("value tensor of shape
+    [2, 64, 64] cannot be broadcast to indexing result of shape [4, 64, 64]"); colauto drops such strategies
+    there (`index_put_never_sharded_on_an_indexed_dim`; a no-op on 2.13, where this checks DTensor's)."""
+    rules.index_put_never_sharded_on_an_indexed_dim()
+    mesh = meshes[mesh_name]
+    rest = (Replicate(),) * (mesh.ndim - 1)
+    sharded, whole = (Shard(dim), *rest), (Replicate(),) * mesh.ndim
+    args = (T(4, 64, 64), [I(4, 1), I(4, 64)], T(4, 64, 64), True)
+    got = rules.propagate(aten.index_put.default, args, {}, [sharded, whole, whole, sharded], mesh)
+    final = {0: sharded, 3: sharded}
+    for i, _, after in got.redistribute:
+        final[i] = after
+    for placements in (got.out[0], final[0], final[3]):
+        assert not any(isinstance(p, Shard) and p.dim < 2 for p in placements), (got, final)
+    assert final[0] == final[3] == got.out[0], (got, final)   # the same dims of self, values and the result

@@ -466,6 +466,68 @@ CONV_GRADS_FIXED = counters.counter(
     "DTensor rule of convolution_backward replaced: weight gradients Partial only where the input is sharded")
 
 
+def index_put_never_sharded_on_an_indexed_dim() -> None:
+    """index_put(self, indices, values) with `self` and `values` sharded only on the dims no index selects
+    (the trailing ones, and the same dims of `values`, aligned from the end), as torch 2.13's DTensor rule
+    has it. Torch 2.11's strategy (`prop_index_put`) takes `values`' leading dims for the indexed ones, so
+    where `values` has as many dims as `self` it shards both on an indexed dim while the indices stay whole:
+    HF Qwen2-MoE under dp=2,tp=2 (the experts' weights indexed by each rank's routing, lifted over the
+    ranks) failed in its backward ("value tensor of shape [2, 64, 64] cannot be broadcast to indexing
+    result of shape [4, 64, 64]", CPU, gloo, 4 processes;
+    `bench/results/cpu-2026-12-07-torch2.11-parallel-matrix/`). Its strategies that do so are dropped
+    (all replicated where none is left). Installed only over that function (2.13 has its own rule)."""
+    d = _dtensor()
+    aten = torch.ops.aten
+    for op in (aten.index_put.default, aten._index_put_impl_.default):
+        fn = d.prop.op_strategy_funcs.get(op)
+        if (fn is None or op in d.prop.op_single_dim_strategy_funcs or getattr(fn, "colauto_fixed", False)
+                or getattr(fn, "__name__", "") != "prop_index_put"):
+            continue
+        d.prop.op_strategy_funcs[op] = _index_put_checked(fn)
+        INDEX_PUT_FIXED["torch " + torch.__version__.split("+")[0]] += 1
+
+
+def _index_put_checked(strategy_fn):
+    """`strategy_fn` (torch 2.11's index_put strategy) less its strategies that shard `self` or `values` on
+    an indexed dim; all replicated where none is left."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
+    from torch.distributed.tensor._ops.utils import generate_redistribute_costs
+    d = _dtensor()
+
+    def valid(spec, self_shape: tuple, values_shape: tuple, n_indexed: int) -> bool:
+        for p_in, p_v in zip(spec.input_specs[0].placements, spec.input_specs[-1].placements):
+            if not p_in.is_shard() and not p_v.is_shard():
+                continue
+            if not (isinstance(p_in, Shard) and isinstance(p_v, Shard)) or p_in.dim < n_indexed:
+                return False
+            v_dim = p_in.dim - len(self_shape) + len(values_shape)   # the same dim of values, from the end
+            if p_v.dim != v_dim or v_dim < 0 or values_shape[v_dim] != self_shape[p_in.dim]:
+                return False
+        return True
+
+    def checked(op_schema):
+        self_s, indices_s, values_s = op_schema.args_schema[:3]
+        shape = lambda s: tuple(s.strategies[0].output_spec.tensor_meta.shape)   # noqa: E731
+        n_indexed = len(indices_s.children)   # 2.11's strategy takes no None index: dims 0 .. n-1
+        kept = [spec for spec in strategy_fn(op_schema).strategies
+                if valid(spec, shape(self_s), shape(values_s), n_indexed)]
+        if not kept:
+            mesh = values_s.mesh
+            inputs = [self_s, *indices_s.children, values_s]
+            whole = [d.Spec(mesh, (Replicate(),) * mesh.ndim, tensor_meta=s.strategies[0].output_spec.tensor_meta)
+                     for s in inputs]
+            kept = [OpSpec(output_specs=whole[0], input_specs=tuple(whole),
+                           redistribute_cost=[generate_redistribute_costs(s, w) for s, w in zip(inputs, whole)])]
+        return OpStrategy(kept)
+    checked.colauto_fixed = True
+    return checked
+
+
+INDEX_PUT_FIXED = counters.counter(
+    "DTensor strategy of index_put replaced: never sharded on a dim an index selects")
+
+
 def _register_missing(op: torch._ops.OpOverload, rule) -> None:
     """`rule` registered for `op` unless DTensor has a one-mesh-dim rule of its own for it (torch 2.13's
     `op_single_dim_strategy_funcs`) or `rule` is registered already."""

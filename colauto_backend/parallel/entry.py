@@ -420,6 +420,7 @@ def _register_rules() -> None:
     _dtensor_rules.batch_norm_per_rank()       # BatchNorm's statistics per rank, as under dp (DTensor's: global)
     _dtensor_rules.shard_batch_norm_backward()  # its backward by channel where DTensor has no rule (2.11, 2.12)
     _dtensor_rules.convolution_weight_grads_replicated_where_the_input_is()   # 2.11: Partial whatever the input
+    _dtensor_rules.index_put_never_sharded_on_an_indexed_dim()   # 2.11: sharded on an indexed dim
 
 
 def owner_module(gm: fx.GraphModule, example_inputs: list, live: list | None = None) -> torch.nn.Module:
