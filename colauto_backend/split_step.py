@@ -52,9 +52,10 @@ class _Forward:
     params: list[weakref.ref]             # the graph's parameters
     graph: "weakref.ref[Graph]"
     taken: set[int]                       # the storages it took as inputs (its own to count)
-    # what it took that is neither a parameter nor an earlier graph's: made by eager code between the graphs
-    # (an output embedding Dynamo ran outside them: the logits) or the script's (the labels); alive through
-    # the earlier graphs' backwards where the script holds them
+    # what it took, parameters aside (weak references, bytes): an earlier graph's outputs (counted once with
+    # that run's), and what no graph made: eager code's outputs between the graphs (the logits of an output
+    # embedding Dynamo ran outside them), an inference graph's (a mask), the script's (the batch); alive
+    # while the script or a later run holds them, through the earlier graphs' backwards
     took: list[tuple[Any, int]] = dataclasses.field(default_factory=list)
 
 
