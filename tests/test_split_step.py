@@ -133,3 +133,22 @@ def test_a_graph_run_for_each_layer_of_a_split_step_is_warned_about(monkeypatch)
     got = [str(w.message) for w in seen if "runs again in one training step" in str(w.message)]
     assert len(got) == 1 and "1 earlier run(s)" in got[0], [str(w.message) for w in seen]
     assert _counts(split_step.RERUN) == before + 1
+
+
+def test_what_eager_code_leaves_between_the_graphs_counts_as_held(monkeypatch, tmp_path):
+    """HF GPT-NeoX broken after its first layer: Dynamo runs its embedding and a layer norm eagerly between
+    the graphs, and an inference graph makes the attention mask; each is a later graph's input that no
+    graph made, alive while the earlier runs are pending (1.5 MiB at the peak, found by walking the CPU
+    allocator's events). Counted as held since 2026-12-07: at 0.9 of the way to the unbudgeted peak under
+    aten the step measured 27.82 MiB under a 27.34 MiB budget before, with only the first run's warning."""
+    monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(report, "_WARNED", set())
+    torch.manual_seed(0)
+    model, make = build_hf("gpt_neox")
+    cpu_peak.graph_break(model, "layer")
+    batch = make(8, 256)
+    budget = _budget(model, batch, "aten", 0.9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        measured, _ = cpu_peak.measured_step(model, batch, {"codegen": "aten", "memory_budget": budget})
+    assert measured <= budget, (measured, budget)
