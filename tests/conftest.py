@@ -97,6 +97,7 @@ def fresh_dynamo(monkeypatch):
     # as in a new process: no graph break recorded (a budgeted compile after one is a split step's graph,
     # colauto_backend/split_step.py), and no forward run by an earlier test still counted as pending
     torch._dynamo.utils.counters.pop("graph_break", None)
+    torch._dynamo.utils.counters.pop("unimplemented", None)
     from colauto_backend import split_step
     split_step.reset()
     yield

@@ -152,3 +152,35 @@ def test_what_eager_code_leaves_between_the_graphs_counts_as_held(monkeypatch, t
         warnings.simplefilter("ignore")
         measured, _ = cpu_peak.measured_step(model, batch, {"codegen": "aten", "memory_budget": budget})
     assert measured <= budget, (measured, budget)
+
+
+def test_a_step_split_by_data_dependent_branching_shares_the_budget(monkeypatch):
+    """`if tensor.sum() > 0:` in the forward: Dynamo compiles the graph before it at once, and records the break
+    only as "unimplemented" by then. Both graphs must be a split step's (the later one planned under what the
+    earlier holds, counted in SHARED); before 2026-12-07 neither was, silently."""
+    monkeypatch.setattr(report, "_WARNED", set())
+
+    class Branching(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            h = self.a(x).relu()
+            if h.sum() > 0:     # data-dependent branching: a graph break
+                h = h * 2
+            return self.b(h).sum()
+    torch.manual_seed(0)
+    model, x = Branching(), torch.randn(32, 64)
+    shared = _counts(split_step.SHARED)
+    compiled = torch.compile(model, backend="colauto", options={"memory_budget": "1GiB"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(x).backward()
+    assert _counts(split_step.SHARED) > shared
+    eager = Branching()
+    eager.load_state_dict(model.state_dict())
+    grads = [p.grad.clone() for p in model.parameters()]
+    eager(x).backward()
+    for got, want in zip(grads, (p.grad for p in eager.parameters())):
+        torch.testing.assert_close(got, want)
