@@ -79,7 +79,7 @@ def _split_graph(config: cfg.Config, resolved: cfg.Config, gm: torch.fx.GraphMod
         isinstance(t, torch.Tensor) for t in example_inputs)
     digest = plan_cache.margin_key(gm, example_inputs, ("split step", config.memory_budget, resolved.codegen,
                                                         repr(device), config.optimizer))
-    graph = split_step.Graph(None, budget, digest)
+    graph = split_step.Graph(None, budget, digest, config.optimizer)
     if static:
         graph.compile = lambda inputs: _split_compile(graph, config, resolved, gm, inputs)
     return graph
@@ -99,7 +99,7 @@ def _split_compile(graph: split_step.Graph, config: cfg.Config, resolved: cfg.Co
     before = graph.analysis           # planned again: the plan it replaces no longer runs, if this one does
     if before is not None:
         _forget(before)
-    graph.params_at_compile, graph.planned_under = held.param_bytes, under
+    graph.planned_under = under
     if held.nbytes or graph.cap is not None:
         split_step.SHARED["planned under the rest of the budget"] += 1
         report.emit_shared_budget({"budget_bytes": graph.budget, "saved_bytes": held.saved_bytes,
@@ -483,11 +483,13 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
             auto = " (auto)" if unresolved.codegen == "auto" else ""
             return dataclasses.replace(analysis, codegen=config.codegen + auto)
 
-        def publish(analysis: Analysis) -> None:
+        def publish(analysis: Analysis, training: bool = True) -> None:
             ANALYSES.append(analysis)
             report.emit(analysis, config.report, owner)
-            # a split step's graphs share the budget where each is a step_graph (split_step); elsewhere warned
-            report.warn_unshared_budget(_user_budget(config) and step_graph is None)
+            # a split step's training graphs share the budget where each is a step_graph (split_step); elsewhere
+            # warned. An inference graph (HF OPT's mask) saves nothing: what it returns counts as a later graph's
+            if training:
+                report.warn_unshared_budget(_user_budget(config) and step_graph is None)
             if on_analysis is not None:
                 on_analysis(analysis)
 
@@ -561,7 +563,7 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
         def inference(gm_inf, inputs):  # no_grad: AOT keeps Dynamo's input order, so params are known
             if dp is not None:
                 data.average_scalar_outputs(gm_inf, dp)
-            publish(analyze_graph(gm_inf, None, None, 0, params))
+            publish(analyze_graph(gm_inf, None, None, 0, params), training=False)
             return codegen(gm_inf, inputs, is_backward=False, is_inference=True)
 
         codegen = _codegen(config, compat.num_outputs(gm), inductor_rest, planned)

@@ -49,7 +49,7 @@ MAX_REPLANS = 2   # plans of one graph after its first (each is a compile)
 class _Forward:
     """One run of a tracked forward whose backward has not released what it saved."""
     saved: list[tuple[Any, int]]          # (weak reference to a storage, its bytes)
-    params: list[weakref.ref]             # the graph's parameters
+    params: list[weakref.ref]             # the parameters this run took (each layer's, for a graph run per layer)
     graph: "weakref.ref[Graph]"
     taken: set[int]                       # the storages it took as inputs (its own to count)
     # what it took, parameters aside (weak references, bytes): an earlier graph's outputs (counted once with
@@ -60,6 +60,11 @@ class _Forward:
 
 
 _PENDING: list[_Forward] = []    # forwards run, oldest first; pruned as their storages die
+# the parameters every run of this step took, and those eager code before a run used (id -> weak reference):
+# all of them and their optimizer state are alive through each backward, with the gradients the backwards
+# before it made
+_STEP_PARAMS: dict[int, weakref.ref] = {}
+_WALKED: set[int] = set()    # the autograd nodes `_params_upstream` walked this step (ids; alive through it)
 # what the backwards that ran left alive (outputs the script holds: the logits), alive through the backwards
 # of the graphs before theirs: (weak reference to a storage, its bytes, the graph)
 _AFTER: list[tuple[Any, int, "weakref.ref[Graph]"]] = []
@@ -85,13 +90,13 @@ class Graph:
     `cap`: the peak it is planned under at most, so that the step's later graphs fit (kept for later
     launches under `digest`)."""
 
-    def __init__(self, compile: Callable[[list], None] | None, budget: int, digest: str) -> None:
-        self.compile, self.budget, self.digest = compile, budget, digest
+    def __init__(self, compile: Callable[[list], None] | None, budget: int, digest: str,
+                 optimizer: str = "adamw") -> None:
+        self.compile, self.budget, self.digest, self.optimizer = compile, budget, digest, optimizer
         kept = (plan_cache.load(f"caps/{digest}") or {}).get("bytes")
         self.cap: int | None = kept if isinstance(kept, int) else None
         self.analysis: Any = None     # its plan's analysis (backend.ANALYSES holds the graphs that run)
         self._peak: tuple[Any, int] = (None, 0)   # (analysis, its peak): `peak`
-        self.params_at_compile = 0    # the earlier graphs' parameters and optimizer state as it was planned
         self.planned_under = budget   # the budget it was last to be planned under
         self.fn: Callable | None = None
         self.stale = False            # plan again at the next call
@@ -133,8 +138,6 @@ class Graph:
         graph for each layer of a repeated stack) is warned about once. Boxed calling convention
         (AOTAutograd calls it with one list)."""
         boxed = getattr(fn, "_boxed_call", False)
-        params: list[weakref.ref] = []
-        param_storages: set[int] = set()
         me = weakref.ref(self)
 
         def run(args: list) -> Any:
@@ -151,13 +154,19 @@ class Graph:
                         "first run, so the step can go over the memory budget "
                         f"{report.fmt_bytes(self.budget)} until it is planned again for all of them; remove the graph "
                         "break (torch._dynamo.explain(model)(...) shows where)")
-            if not params:
-                params.extend(weakref.ref(a) for a in args if isinstance(a, torch.nn.Parameter))
-                param_storages.update(compat.storage_key(a) for a in args if isinstance(a, torch.nn.Parameter))
+            # each run's own: a graph run for each layer takes each layer's parameters
+            params = [a for a in args if isinstance(a, torch.nn.Parameter)]
+            param_storages = {compat.storage_key(a) for a in params}
             # what it takes is another's: the script's (the batch), the model's, or an earlier graph's outputs
             took = {compat.storage_key(a): a for a in args if isinstance(a, torch.Tensor)
                     and not isinstance(a, torch.nn.Parameter) and not compat.is_fake(a)}
             taken = set(took)
+            _PENDING[:] = [f for f in _PENDING if _alive(f)]
+            if not _PENDING:    # the first graph of a step: what the last step's backwards left is not this one's
+                _AFTER.clear()
+                _STEP_PARAMS.clear()
+                _WALKED.clear()
+            _STEP_PARAMS.update((id(p), weakref.ref(p)) for p in [*params, *_params_upstream(took.values())])
             out = fn(args) if boxed else fn(*args)
             saved, seen = [], param_storages | taken
             for t in out:   # what it saved, and its outputs (held by Dynamo's frame or the later graphs)
@@ -167,10 +176,7 @@ class Graph:
                         seen.add(key)
                         saved.append((compat.storage_weak_ref(t), compat.storage_nbytes(t)))
             self.last_held = sum(n for _, n in saved)
-            _PENDING[:] = [f for f in _PENDING if _alive(f)]
-            if not _PENDING:    # the first graph of a step: what the last step's backwards left is not this one's
-                _AFTER.clear()
-            _PENDING.append(_Forward(saved, list(params), me, taken,
+            _PENDING.append(_Forward(saved, [weakref.ref(p) for p in params], me, taken,
                                      [(compat.storage_weak_ref(a), compat.storage_nbytes(a)) for a in took.values()]))
             return out
         run._boxed_call = True   # type: ignore[attr-defined]
@@ -184,23 +190,27 @@ class Graph:
 
         def run(args: list) -> Any:
             taken: set[int] = set()
+            own: set[int] = set()
             for i in range(len(_PENDING) - 1, -1, -1):
                 if _PENDING[i].graph() is self:
                     _AFTER.extend((ref, n, _PENDING[i].graph) for ref, n in [*_PENDING[i].saved, *_PENDING[i].took]
                                   if not ref.expired())
                     taken = _PENDING[i].taken
+                    own = {id(p) for p in (ref() for ref in _PENDING[i].params) if p is not None}
                     del _PENDING[i]
                     break
-            self._after_others(args, taken)
+            self._after_others(args, taken, own)
             return fn(args) if boxed else fn(*args)
         run._boxed_call = True   # type: ignore[attr-defined]
         return run
 
-    def _after_others(self, args: list, taken: set[int]) -> None:
-        """As its backward starts: what the later graphs' runs left alive (the script's outputs) and the runs
-        still pending (earlier runs of this graph, for each layer) are live through it, which its plan did not
-        count. Where that takes it over the budget, it is planned again at its next call under its peak less
-        the excess, divided among its runs (kept), else warned (`warn_unheld`)."""
+    def _after_others(self, args: list, taken: set[int], own: set[int]) -> None:
+        """As its backward starts: what the later graphs' runs left alive (the script's outputs), the runs
+        still pending (earlier runs of this graph, for each layer), and the parameters the step's other runs
+        took (`own`: this run's, ids), with their optimizer state and the gradients the backwards before it
+        made, are live through it, which its plan did not count. Where that takes it over the budget, it is
+        planned again at its next call under its peak less the excess, divided among its runs (kept), else
+        warned (`warn_unheld`)."""
         _AFTER[:] = [a for a in _AFTER if not a[0].expired()]
         # its own: what the backward takes, and what its forward took (its plan counted both)
         inputs = {compat.storage_key(t) for t in args if isinstance(t, torch.Tensor)} | taken
@@ -212,7 +222,8 @@ class Graph:
         # what the runs still pending hold (the earlier graphs', and earlier runs of this one)
         live = [f for f in _PENDING if _alive(f)]
         pending = _storage_bytes(live, seen)
-        excess = self.peak + pending + self.params_at_compile + after - self.budget
+        beside = _params_beside(own, self.optimizer)
+        excess = self.peak + pending + beside + after - self.budget
         if excess <= 0 or self.analysis is None or self.stale:   # stale: planned again already
             return
         runs = 1 + sum(1 for f in live if f.graph() is self)   # each of its runs then saves less
@@ -250,6 +261,52 @@ def reset() -> None:
     """Forget every forward run recorded, as a new process starts (tests/conftest.py, before each test)."""
     _PENDING.clear()
     _AFTER.clear()
+    _STEP_PARAMS.clear()
+    _WALKED.clear()
+
+
+def _params_upstream(tensors) -> list[torch.nn.Parameter]:
+    """The parameters the autograd graph of `tensors` (a run's inputs) reaches that this step has not walked
+    to yet: those eager code between the graphs used (Dynamo runs a frame with a graph break in its loop
+    eagerly: HF Llama broken in its first layer runs its embedding outside any graph), which no graph takes."""
+    stack = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    found = []
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in _WALKED:
+            continue
+        _WALKED.add(id(node))
+        leaf = getattr(node, "variable", None)    # AccumulateGrad: a leaf that requires grad
+        if isinstance(leaf, torch.nn.Parameter):
+            found.append(leaf)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def _state_per_param(optimizer: str) -> int:
+    """Optimizer state tensors per trained parameter, each its size (the memory model's count)."""
+    return 2 if optimizer in ("adamw", "adamw_foreach") else 0
+
+
+def _params_beside(own: set[int], optimizer: str) -> int:
+    """Bytes of the parameters the step's runs took but `own` (ids: a run's own, which its plan counts),
+    with their optimizer state, and their gradients where the backwards before have made them (before
+    2026-12-08 only the parameters of the graphs pending at its compile counted: HF OPT under transformers
+    5.17, one graph for each of its 24 layers, peaked at 23.48 GiB on an H100 under a 19.1 GiB budget with
+    the other layers' parameters, state and gradients, about 13 GiB, counted nowhere, and nothing planned)."""
+    total, states = 0, _state_per_param(optimizer)
+    for key, ref in list(_STEP_PARAMS.items()):
+        p = ref()
+        if p is None:
+            del _STEP_PARAMS[key]
+            continue
+        if key in own:
+            continue
+        nbytes = compat.storage_nbytes(p)
+        total += nbytes * (1 + states if p.requires_grad else 1)
+        if p.grad is not None:
+            total += compat.storage_nbytes(p.grad)
+    return total
 
 
 def _storage_bytes(runs: list[_Forward], seen: set[int]) -> int:
@@ -271,7 +328,8 @@ def _alive(forward: _Forward) -> bool:
 
 def held_outside(example_inputs: list, optimizer: str = "adamw", own: Graph | None = None) -> Held:
     """What the forwards run before this graph's compile (or call) still hold, less what this graph takes as
-    inputs, and less the runs of `own` (this graph)."""
+    inputs, and less the runs of `own` (this graph); the parameters this step used so far but its own, with
+    their optimizer state (`_params_beside`)."""
     live = [f for f in _PENDING if _alive(f) and f.graph() is not own]
     if not live:
         return Held()
@@ -279,14 +337,9 @@ def held_outside(example_inputs: list, optimizer: str = "adamw", own: Graph | No
               if isinstance(t, torch.Tensor) and not compat.is_fake(t)}
     mine = {id(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)}
     saved = _storage_bytes(live, set(inputs))
-    params, counted = 0, set(mine)
-    per_trained = 1 + (2 if optimizer in ("adamw", "adamw_foreach") else 0)
-    for forward in live:
-        for ref in forward.params:
-            p = ref()
-            if p is not None and id(p) not in counted:
-                counted.add(id(p))
-                params += compat.storage_nbytes(p) * (per_trained if p.requires_grad else 1)
+    _STEP_PARAMS.update((id(p), weakref.ref(p)) for p in _params_upstream(
+        t for t in example_inputs if isinstance(t, torch.Tensor) and not compat.is_fake(t)))
+    params = _params_beside(mine, optimizer)
     runs: dict[Graph, int] = {}
     for f in live:
         g = f.graph()
