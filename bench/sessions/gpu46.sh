@@ -8,6 +8,9 @@
 # tar: $OUT/r46.tgz. AMB=<fraction> (added session 45) starts a fourth launch beside them: plain Inductor under its
 # own activation checkpointing, torch._functorch.config.activation_memory_budget = AMB
 # (bench/sessions/amb/sitecustomize.py), the other reference for a first step under a budget.
+# WARMUP=<n> (added session 47, default 1): untimed steps, the first timed alone; a split step's graphs are
+# planned again at its second and third runs, so WARMUP=3 times and measures the plan that stays. BY_BUDGET=1:
+# each model's folder is named NAME-BUDGET (one model at several budgets).
 #   COMMIT=<sha> MODELS="hf/qwen2:bench:8:1024=17.7GiB ..." LIMIT=560 [AMB=0.5] bash bench/sessions/gpu46.sh
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 COLAUTO_PLAN_CACHE=0
@@ -19,11 +22,12 @@ launch() {   # launch NAME SPEC MODE BUDGET [ENV...]
   local d=$R/$1/$3; mkdir -p $d
   env "${@:5}" TORCHINDUCTOR_CACHE_DIR=/tmp/c46/$1/$3/inductor COLAUTO_CACHE_DIR=/tmp/c46/$1/$3/colauto \
       TRITON_CACHE_DIR=/tmp/c46/$1/$3/triton COLAUTO_MEMORY_BUDGET=$4 \
-      timeout -k 5 $(left) python -m bench.run --models $2 --modes $(echo ${3%-budget} | sed 's/-amb$//') --steps 3 --warmup 1 --out $d > $d/log.txt 2>&1
+      timeout -k 5 $(left) python -m bench.run --models $2 --modes $(echo ${3%-budget} | sed 's/-amb$//') --steps 3 --warmup ${WARMUP:-1} --out $d > $d/log.txt 2>&1
   echo "$1 $3 rc $?" >> $R/rc.txt; rm -f $d/*.png
 }
 for mb in ${MODELS}; do
   spec=${mb%=*}; budget=${mb#*=}; name=$(echo $spec | cut -d/ -f2 | cut -d: -f1)
+  [ -n "${BY_BUDGET:-}" ] && name=$name-$budget
   [ $(left) -lt 90 ] && { echo "== $name: no time left" | tee -a $R/rc.txt; continue; }
   launch $name $spec inductor none & launch $name $spec colauto none & launch $name $spec colauto-budget $budget &
   [ -n "${AMB:-}" ] && launch $name $spec inductor-amb none AMB=$AMB PYTHONPATH=$PWD/bench/sessions/amb:$PWD &
