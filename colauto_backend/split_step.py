@@ -111,8 +111,12 @@ class Graph:
                 self.replans += 1
                 REPLANNED["planned again"] += 1
                 self.compile(list(args))
-            else:   # its plan stays, over what it was to be planned under
-                warn_unheld(self, self.planned_under)
+            else:
+                # its plan stays: over the budget only if what the earlier graphs now hold leaves too little (they
+                # may have been planned again since: a later step's check, not the one that asked, decides)
+                held = held_outside(list(args), self.optimizer, own=self)
+                if self.peak + held.nbytes > self.budget:
+                    warn_unheld(self, self.budget - held.nbytes)
         return self.fn(*args)
 
     @property
