@@ -129,6 +129,10 @@ def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool =
             # a split step's own graphs' peaks do not add up to its peak: the fractions are of the measured one
             base = (measured if broken is not None else predicted,
                     evs[0]["param_bytes"] + evs[0]["grad_bytes"] + evs[0]["optimizer_state_bytes"])
+            if broken is None and len(evs) > 1:
+                # split by the model itself (HF OPT under transformers 5.17): from the measured peak, and what the
+                # whole model holds (each parameter, its gradient and AdamW's two moments), not the first graph's
+                base = (measured, 4 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad))
         rows.append(row | {"measured_bytes": measured, "predicted_bytes": predicted, "graphs": len(evs),
                            "recomputed": sum(len(a.recomputed) for a in planned),
                            "error_pct": 100 * (predicted / measured - 1),
