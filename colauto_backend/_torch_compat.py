@@ -1238,3 +1238,20 @@ def is_fake(t: torch.Tensor) -> bool:
     """Whether `t` is a fake tensor (no storage of its own to weigh or point at)."""
     from torch._subclasses.fake_tensor import FakeTensor
     return isinstance(t, FakeTensor)
+
+
+@contextlib.contextmanager
+def compile_outside_dynamo():
+    """The TracingContext Dynamo's compile provides, for a compile made outside it (a split step's graph
+    planned again at its call: split_step.Graph). AOTAutograd records the compiled forward's output strides in
+    it and compiles the backward for them (`TracingContext.report_output_strides`, torch._guards, private);
+    without one the backward assumed contiguous saved tensors, and where Inductor padded one (a GPU pads a
+    stride of 1,025 elements to 1,040) it failed its first run ("expected size 4==4, stride 1040==1025": HF
+    OPT under transformers 5.17 on an H100, 2026-12-07). Static sizes: a fake mode without a shape env."""
+    from torch._guards import TracingContext, tracing
+    if TracingContext.try_get() is not None:
+        yield
+        return
+    from torch._subclasses import FakeTensorMode
+    with tracing(TracingContext(FakeTensorMode())):
+        yield

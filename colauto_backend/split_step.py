@@ -110,7 +110,8 @@ class Graph:
             if self.compile is not None and self.replans < MAX_REPLANS:
                 self.replans += 1
                 REPLANNED["planned again"] += 1
-                self.compile(list(args))
+                with compat.compile_outside_dynamo():   # the backward compiled for the forward's output strides
+                    self.compile(list(args))
             else:
                 # its plan stays: over the budget only if what the earlier graphs now hold leaves too little (they
                 # may have been planned again since: a later step's check, not the one that asked, decides)

@@ -246,3 +246,41 @@ def test_an_inference_graph_of_a_split_step_is_not_warned_as_unshared(monkeypatc
         torch.compile(Masked(), backend="colauto", options={"memory_budget": "1GiB"})(torch.randn(32, 64)).backward()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
     assert not [w for w in seen if "planned under the whole memory budget" in str(w.message)]
+
+
+
+def test_a_compile_outside_dynamo_compiles_the_backward_for_the_strides_inductor_padded(monkeypatch):
+    """A split step's graph planned again at its call is compiled outside Dynamo's compile (split_step.Graph):
+    without the TracingContext Dynamo provides, AOTAutograd compiled the backward for contiguous saved
+    tensors, and where Inductor padded one (a stride of 1,025 elements to 1,040: HF's loss pads the labels
+    to T + 1) the backward failed its first run (HF OPT under transformers 5.17 on an H100, 2026-12-07).
+    Padding is what a GPU gets by default; here it is turned on for the CPU. Reference: eager gradients,
+    and the same compile without the context failing."""
+    import torch._inductor.config as inductor_config
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    from colauto_backend import _torch_compat as compat
+    monkeypatch.setattr(inductor_config, "disable_padding_cpu", False)
+
+    class Padded(torch.nn.Module):
+        def forward(self, x, w):
+            y = torch.nn.functional.pad(x, (0, 1)) * 2      # (4, 1025): saved for the backward, padded
+            return ((y.sin() * w).sum(),)
+
+    def grads(context) -> list:
+        torch.manual_seed(0)
+        x, w = torch.randn(4, 1024, requires_grad=True), torch.randn(4, 1025, requires_grad=True)
+        with context:
+            fn = aot_module_simplified(torch.fx.symbolic_trace(Padded()), [x, w], fw_compiler=compile_fx_inner,
+                                       bw_compiler=compile_fx_inner)
+        fn(x, w)[0].backward()
+        return [x.grad, w.grad]
+    import contextlib
+    with pytest.raises(Exception, match="stride"):
+        grads(contextlib.nullcontext())
+    got = grads(compat.compile_outside_dynamo())
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 1024, requires_grad=True), torch.randn(4, 1025, requires_grad=True)
+    Padded()(x, w)[0].backward()
+    torch.testing.assert_close(got, [x.grad, w.grad])
