@@ -90,6 +90,22 @@ def graph_break(model: torch.nn.Module, where: str) -> None:
         raise ValueError(f"--graph-break {where!r}: use head or layer")
 
 
+def broken_hf(name: str, where: str, layers: int | None = None):
+    """(model, batch) of examples/hf_zoo.py's tiny `name`, with `layers` decoder layers if given (its config's
+    num_hidden_layers), seeded, split by a graph break at `where` (`graph_break`)."""
+    import transformers
+
+    from examples.hf_zoo import SPECS, build_hf, config_of
+    model, make = build_hf(name)
+    if layers is not None:
+        config = config_of(name)
+        config.num_hidden_layers = layers
+        torch.manual_seed(0)
+        model = getattr(transformers, SPECS[name].model)(config).train()
+    graph_break(model, where)
+    return model, make
+
+
 def points(name: str, codegen: str, fractions: list[float], drop_outputs: bool = False,
            broken: str | None = None) -> list[dict]:
     """One row per point: no budget, then each fraction of the way from the held state to its peak.

@@ -17,14 +17,23 @@ from examples.hf_zoo import SPECS, build_hf
 
 
 def _llama_broken_before_its_head():
-    torch.manual_seed(0)
-    model, make = build_hf("llama")
-    cpu_peak.graph_break(model, "head")
+    model, make = cpu_peak.broken_hf("llama", "head")
     return model, make(8, 256)
 
 
 def _counts(counter) -> int:
     return sum(counter.values())
+
+
+def _holds_unwarned(model, batch, codegen: str, budget: int) -> None:
+    """The step's third run measures under `budget`, and no graph was warned that it cannot be held (one was,
+    which could not be planned again, though the graphs before it had made the room it asked for by then)."""
+    unheld = _counts(split_step.UNHELD)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        measured, _ = cpu_peak.measured_step(model, batch, {"codegen": codegen, "memory_budget": budget})
+    assert measured <= budget, (measured, budget)
+    assert _counts(split_step.UNHELD) == unheld
 
 
 def _budget(model, batch, codegen: str, fraction: float) -> int:
@@ -148,14 +157,7 @@ def test_what_eager_code_leaves_between_the_graphs_counts_as_held(monkeypatch, t
     cpu_peak.graph_break(model, "layer")
     batch = make(8, 256)
     budget = _budget(model, batch, "aten", 0.9)
-    unheld = _counts(split_step.UNHELD)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        measured, _ = cpu_peak.measured_step(model, batch, {"codegen": "aten", "memory_budget": budget})
-    assert measured <= budget, (measured, budget)
-    # and no graph is warned that it cannot be held (one was, which could not be planned again, though the
-    # graphs before it had made the room it asked for by then)
-    assert _counts(split_step.UNHELD) == unheld
+    _holds_unwarned(model, batch, "aten", budget)
 
 
 def test_a_step_split_by_data_dependent_branching_shares_the_budget(monkeypatch):
@@ -199,28 +201,14 @@ def test_a_graph_run_for_each_layer_counts_every_layers_parameters(monkeypatch, 
     nothing planned, no warning). HF Llama of 6 layers where its parameters weigh (2 x 64 tokens), broken in
     its first layer, 0.7 of the way to the unbudgeted peak under aten: 7.58 MiB under 6.53 MiB before, silently.
     Reference: the CPU allocator's events (the third step)."""
-    import transformers
-
-    from examples.hf_zoo import config_of
     monkeypatch.setenv("COLAUTO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(report, "_WARNED", set())
-    config = config_of("llama")
-    config.num_hidden_layers = 6
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).train()
-    cpu_peak.graph_break(model, "layer")
-    batch = build_hf("llama")[1](2, 64)
+    model, make = cpu_peak.broken_hf("llama", "layer", layers=6)
+    batch = make(2, 64)
     base, _ = cpu_peak.measured_step(model, batch, {"codegen": "aten"})
     held = 4 * sum(p.numel() * p.element_size() for p in model.parameters())   # with gradients, AdamW's two
     budget = int(held + 0.7 * (base - held))
-    unheld = _counts(split_step.UNHELD)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        measured, _ = cpu_peak.measured_step(model, batch, {"codegen": "aten", "memory_budget": budget})
-    assert measured <= budget, (measured, budget)
-    # and no graph is warned that it cannot be held (one was, which could not be planned again, though the
-    # graphs before it had made the room it asked for by then)
-    assert _counts(split_step.UNHELD) == unheld
+    _holds_unwarned(model, batch, "aten", budget)
 
 
 def test_an_inference_graph_of_a_split_step_is_not_warned_as_unshared(monkeypatch):
