@@ -237,7 +237,7 @@ def test_an_inference_graph_of_a_split_step_is_not_warned_as_unshared(monkeypatc
 
 
 
-def test_a_compile_outside_dynamo_compiles_the_backward_for_the_strides_inductor_padded(monkeypatch):
+def test_a_compile_outside_dynamo_compiles_the_backward_for_the_strides_inductor_padded():
     """A split step's graph planned again at its call is compiled outside Dynamo's compile (split_step.Graph):
     without the TracingContext Dynamo provides, AOTAutograd compiled the backward for contiguous saved
     tensors, and where Inductor padded one (a stride of 1,025 elements to 1,040: HF's loss pads the labels
@@ -249,7 +249,6 @@ def test_a_compile_outside_dynamo_compiles_the_backward_for_the_strides_inductor
     from torch._inductor.compile_fx import compile_fx_inner
 
     from colauto_backend import _torch_compat as compat
-    monkeypatch.setattr(inductor_config, "disable_padding_cpu", False)
 
     class Padded(torch.nn.Module):
         def forward(self, x, w):
@@ -259,7 +258,9 @@ def test_a_compile_outside_dynamo_compiles_the_backward_for_the_strides_inductor
     def grads(context) -> list:
         torch.manual_seed(0)
         x, w = torch.randn(4, 1024, requires_grad=True), torch.randn(4, 1025, requires_grad=True)
-        with context:
+        # Inductor's own config.patch: monkeypatch's undo deleted the option from its config module (every
+        # later Inductor compile in that test process failed: "disable_padding_cpu does not exist")
+        with context, inductor_config.patch(disable_padding_cpu=False):
             fn = aot_module_simplified(torch.fx.symbolic_trace(Padded()), [x, w], fw_compiler=compile_fx_inner,
                                        bw_compiler=compile_fx_inner)
         fn(x, w)[0].backward()
