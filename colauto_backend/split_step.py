@@ -36,6 +36,7 @@ import torch
 
 from . import _torch_compat as compat
 from . import counters, plan_cache, report
+from .cost import memory
 
 SHARED = counters.counter("graphs planned under the budget less what earlier graphs of the step hold")
 SHORT = counters.counter("graphs of a split step whose least plan did not fit what the earlier graphs left")
@@ -288,18 +289,13 @@ def _params_upstream(tensors) -> list[torch.nn.Parameter]:
     return found
 
 
-def _state_per_param(optimizer: str) -> int:
-    """Optimizer state tensors per trained parameter, each its size (the memory model's count)."""
-    return 2 if optimizer in ("adamw", "adamw_foreach") else 0
-
-
 def _params_beside(own: set[int], optimizer: str) -> int:
     """Bytes of the parameters the step's runs took but `own` (ids: a run's own, which its plan counts),
     with their optimizer state, and their gradients where the backwards before have made them (before
     2026-12-08 only the parameters of the graphs pending at its compile counted: HF OPT under transformers
     5.17, one graph for each of its 24 layers, peaked at 23.48 GiB on an H100 under a 19.1 GiB budget with
     the other layers' parameters, state and gradients, about 13 GiB, counted nowhere, and nothing planned)."""
-    total, states = 0, _state_per_param(optimizer)
+    total, states = 0, memory.optimizer_states(optimizer)
     for key, ref in list(_STEP_PARAMS.items()):
         p = ref()
         if p is None:

@@ -597,6 +597,11 @@ def _graph_split(fw: fx.GraphModule, bw: fx.GraphModule | None) -> _Split:
                   lambda sim, env: sim.run(bw.graph, "bwd", env, placeholders_held=False, recomputed=recomputed))
 
 
+def optimizer_states(optimizer: str) -> int:
+    """Parameter-sized state tensors the optimizer keeps per trained parameter (AdamW's two moments)."""
+    return 2 if optimizer in ("adamw", "adamw_foreach") else 0
+
+
 def simulate_step(fw: fx.GraphModule, bw: fx.GraphModule | None, *, param_indices: Sequence[int],
                   num_fwd_outputs: int, basis: Basis, device: DeviceSpec, optimizer: str,
                   fused: bool = False) -> Timeline:
@@ -763,8 +768,8 @@ def _run_step(sim: "_Sim", split: _Split, *, param_indices: Sequence[int], num_f
     grads = split.bw_outputs if split.bw_inputs is not None else []
     grad_of = trained(fw_ph, params, grads)
     trainable_bytes = sympy.Add(*[_placeholder_bytes(fw_ph[i]) for i in grad_of])
-    if optimizer in ("adamw", "adamw_foreach"):
-        total["opt"] = 2 * trainable_bytes
+    if optimizer_states(optimizer):
+        total["opt"] = optimizer_states(optimizer) * trainable_bytes
         sim.new(total["opt"])
         for _ in grad_of:                      # step counters: one scalar tensor per parameter
             sim.new(sym(4))
