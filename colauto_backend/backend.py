@@ -16,7 +16,7 @@ import torch
 
 from . import _torch_compat as compat
 from . import config as cfg
-from . import chunked_loss, counters, cuda_graphs, output_grads, plan_cache, planner, report, split_step
+from . import chunked_loss, counters, cuda_graphs, expand_layers, output_grads, plan_cache, planner, report, split_step
 from .emit import remat as emit_remat
 from .analysis import Analysis, analyze
 from .cost import memory
@@ -416,8 +416,10 @@ class _Stop(Exception):
     pass
 
 
-def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: list) -> Analysis:
-    """The unplanned single-device analysis of one graph: traced and costed, nothing compiled."""
+def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: list,
+                 grow: Grow | None = None) -> Analysis:
+    """The unplanned single-device analysis of one graph: traced and costed, nothing compiled. `grow`: what
+    AOTAutograd's joint graph becomes before it is costed (explain's layer expansion, parallel/entry.py)."""
     got: list[Analysis] = []
 
     def stop(analysis: Analysis) -> None:
@@ -427,7 +429,7 @@ def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: l
     quiet = dataclasses.replace(config, memory_budget=("none", 0.0), report=None,
                                 codegen="aten" if config.codegen == "triton" else config.codegen)
     try:
-        local_backend(quiet, stop)(gm, example_inputs)
+        local_backend(quiet, stop, grow=grow)(gm, example_inputs)
     except _Stop:
         pass
     return got[0]
@@ -436,6 +438,8 @@ def analyze_only(config: cfg.Config, gm: torch.fx.GraphModule, example_inputs: l
 # What the distributed path decides from the unplanned analysis of a graph's capture (parallel/entry.py):
 # the data-parallel group its gradients are averaged over (or None) and the budget it is compiled under.
 Decide = Callable[[Analysis], "tuple[data.DataParallel | None, tuple[str, float]]"]
+# (joint graph, its parameters' primal positions) -> the same of the graph costed instead (expand_layers.grow)
+Grow = Callable[[torch.fx.GraphModule, list], "tuple[torch.fx.GraphModule, list]"]
 
 
 def capture_serves_planning(config: cfg.Config, example_inputs: list) -> bool:
@@ -450,13 +454,14 @@ def capture_serves_planning(config: cfg.Config, example_inputs: list) -> bool:
 
 def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | None = None,
                   dp: data.DataParallel | None = None, decide: Decide | None = None,
-                  planned_out: list | None = None, step_graph: split_step.Graph | None = None) -> Callable:
+                  planned_out: list | None = None, step_graph: split_step.Graph | None = None,
+                  grow: Grow | None = None) -> Callable:
     """The single-device backend: AOTAutograd with colauto's partitioner and code generation; with `dp`,
     each rank's graph averages its gradients (and losses) over the data-parallel ranks. With `decide`
     (`capture_serves_planning` must hold), `dp` and the budget are what `decide` makes of the joint graph's
     unplanned analysis, the one `analyze_only` would capture again: one capture plans and compiles.
     `planned_out`: gets the training graph's analysis once it is planned (its compiled peak is read
-    from it once Inductor has generated both graphs)."""
+    from it once Inductor has generated both graphs). `grow`: see `analyze_only`."""
     unresolved = config
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -494,6 +499,10 @@ def local_backend(config: cfg.Config, on_analysis: Callable[[Analysis], None] | 
                 on_analysis(analysis)
 
         def partition(joint, joint_inputs, *, num_fwd_outputs, static_lifetime_input_indices=None, **kw):
+            if grow is not None:     # before Inductor's joint passes: they rewrite layers unlike each other
+                if any(n != 1 for n in layout.flattened):
+                    raise expand_layers.Refused("the graph's inputs are tensor subclasses (DTensors)")
+                joint, static_lifetime_input_indices = grow(joint, list(static_lifetime_input_indices or []))
             primals = sum(1 for n in joint.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents"))
             params, trained = compat.joint_param_positions(layout, static_lifetime_input_indices or [], primals)
             if trained is not None:   # the memory model cannot pair gradients with primals by position here

@@ -87,6 +87,82 @@ def truncated(model: torch.nn.Module, k: int, every: bool = True) -> Iterator[li
             parent._modules[attr] = full
 
 
+K = 4          # layers of each repeated list that explain traces (`truncated`)
+MIDDLE = 1     # the layer cloned: layer 0 of T5's lists alone holds the relative position bias
+_PLAIN = (bool, int, float, str, type(None))
+
+
+class Refused(ValueError):
+    """A model or graph whose layers cannot be expanded (why in the message): trace it whole."""
+
+
+def differing(layers: torch.nn.ModuleList, first: int = MIDDLE) -> str | None:
+    """Why layers `first`... of a repeated list may not run alike, read off their modules' plain attributes (Gemma
+    3's decoder layers: attention_type 'sliding_attention' in five of six, 'full_attention' in the sixth, a pattern
+    longer than the K layers traced); None if none differ. An attribute equal to each layer's own index (HF's
+    layer_idx) is expected to differ."""
+    def plain(layer: torch.nn.Module) -> dict[tuple[str, str], Any]:
+        return {(path, k): v for path, m in layer.named_modules() for k, v in vars(m).items()
+                if not k.startswith("_") and (isinstance(v, _PLAIN) or
+                                              (isinstance(v, tuple) and all(isinstance(x, _PLAIN) for x in v)))}
+    rows = {i: plain(layers[i]) for i in range(first, len(layers))}
+    for key in {k for row in rows.values() for k in row}:
+        values = {i: row.get(key, "(absent)") for i, row in rows.items()}
+        if len(set(map(repr, values.values()))) == 1:
+            continue
+        if all(type(v) is int and v == i for i, v in values.items()):     # the layer's own index
+            continue
+        i = next(i for i, v in values.items() if repr(v) != repr(values[first]))
+        where = ".".join(filter(None, key))
+        return f"layer {i}'s {where} is {values[i]!r} where layer {first}'s is {values[first]!r}"
+    return None
+
+
+def expandable(model: torch.nn.Module) -> tuple[dict[str, int], str | None]:
+    """(list -> its layers, for each repeated list longer than K; why the model cannot be expanded, or None)."""
+    lists = repeated_lists(model, K + 1)
+    if not lists:
+        return {}, f"no repeated ModuleList of more than {K} layers"
+    for name, layers in lists:
+        why = differing(layers)
+        if why:
+            return {}, f"{name}: {why}"
+    return {name: len(layers) for name, layers in lists}, None
+
+
+@dataclasses.dataclass
+class Grown:
+    """A joint graph traced with K layers of each repeated list and expanded to the model's."""
+    expansions: list["Expansion"]
+    names: dict[int, str]      # the expanded joint's primal position -> its parameter or buffer in the whole model
+
+    def rename(self, name: str) -> list[str]:
+        """A dotted name of the traced model (parameter, module path, layer) -> its names in the whole one."""
+        names = [name]
+        for e in self.expansions:
+            names = [n for x in names for n in e.rename(x)]
+        return names
+
+
+def grow(joint: fx.GraphModule, static: list[int], names: dict[int, str],
+         lengths: dict[str, int]) -> tuple[fx.GraphModule, list[int], Grown]:
+    """The joint graph traced under `truncated(model, K)` (its primal i is Dynamo's input i, named by `names`)
+    expanded to `lengths` (list -> layers) by cloning layer MIDDLE; `static` (the parameters' primal positions,
+    AOTAutograd's static-lifetime inputs) follows. Refused where a list's traced layers differ."""
+    primals = lambda gm: [n for n in gm.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]  # noqa: E731
+    by_placeholder = {ph.name: names[i] for i, ph in enumerate(primals(joint)) if i in names}
+    expansions = []
+    for prefix, n in lengths.items():
+        try:
+            e = expand(joint, n, middle=MIDDLE, prefix=prefix)
+        except ValueError as exc:
+            raise Refused(f"{prefix}: {exc}") from None
+        by_placeholder, static, joint = e.names(by_placeholder), e.positions(static), e.gm
+        expansions.append(e)
+    return joint, static, Grown(expansions, {i: by_placeholder[ph.name] for i, ph in enumerate(primals(joint))
+                                             if ph.name in by_placeholder})
+
+
 # -- layers of a joint graph ------------------------------------------------------------------------
 def _path(n: fx.Node) -> str:
     stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack")
@@ -329,29 +405,41 @@ class Expansion:
         return [i for i, name in enumerate(self._expanded_primals())
                 if name in kept or (name in self.new_params and self.new_params[name][1] in kept)]
 
+    def rename(self, name: str) -> list[str]:
+        """A dotted name of the captured model (parameter, module path, layer) -> its names in the expanded one."""
+        return renamed(name, self.prefix, self.middle, self.added)
+
     def names(self, old: dict[str, str]) -> dict[str, str]:
         """`old`: the input joint's primal placeholder -> the model's parameter (or buffer) name, in the captured
         model. Returns the expanded joint's primal placeholder -> the name in the expanded model: layers after
         the middle one move up by `added`, new placeholders name their own layer. Primals not in `old` (the
         batch) are left out."""
-        head = self.prefix + "."
         out = {}
         for name in self._expanded_primals():
             if name in self.new_params:
                 layer, copied = self.new_params[name]
                 if copied not in old:
                     raise KeyError(f"{name} copies {copied}, which `old` does not name")
-                index, _, tail = old[copied][len(head):].partition(".")
-                if not old[copied].startswith(head) or index != str(self.middle):
-                    raise ValueError(f"{copied} is {old[copied]!r}, not a parameter of {head}{self.middle}")
-                out[name] = f"{head}{layer}.{tail}"
+                copies = self.rename(old[copied])
+                if len(copies) != self.added + 1:
+                    raise ValueError(f"{copied} is {old[copied]!r}, not a parameter of {self.prefix}.{self.middle}")
+                out[name] = copies[layer - self.middle]
             elif name in old:
-                full = old[name]
-                index, _, tail = full[len(head):].partition(".")
-                if full.startswith(head) and index.isdigit() and int(index) > self.middle:
-                    full = f"{head}{int(index) + self.added}.{tail}"
-                out[name] = full
+                out[name] = self.rename(old[name])[0]
         return out
+
+
+def renamed(name: str, prefix: str, middle: int, added: int) -> list[str]:
+    """`name` ('model.layers.3.mlp.up.weight', a module path or a layer) after layer `middle` of list `prefix`
+    was cloned `added` times: a later layer's name moves up by `added`; the middle layer's is its own and
+    each clone's, in layer order; any other name is kept."""
+    head = prefix + "."
+    index, dot, tail = name[len(head):].partition(".") if name.startswith(head) else ("", "", "")
+    if not index.isdigit() or int(index) < middle:
+        return [name]
+    if int(index) > middle:
+        return [f"{head}{int(index) + added}{dot}{tail}"]
+    return [f"{head}{middle + t}{dot}{tail}" for t in range(added + 1)]
 
 
 def _renumber(meta: dict, prefix: str, old: int, new: int) -> dict:

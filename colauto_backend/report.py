@@ -331,6 +331,9 @@ def render_parallel(plan: dict, title: str | None = None) -> str:
             nxt = min(others, key=lambda c: c["step_time_s"])
             why += f"; next best {nxt['mesh']}: {_separates(nxt, chosen)}"
     lines.append(f"why: {why}")
+    if p.get("traced_layers"):
+        lines.append("traced " + ", ".join(f"{k} of the {n} layers of {name}" for name, (k, n) in p["traced_layers"].items())
+                     + ": the joint graph's other layers are copies of layer 1's (layers that can differ are traced whole)")
     hidden = max(0.0, p.get("comm_total_s", p["comm_s"]) - p["comm_s"])
     lines += [
         f"{'per-device step':<24}{_ms(step):>14}",

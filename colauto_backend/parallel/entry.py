@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import gc
 import math
+import sys
 from typing import Callable
 
 import torch
@@ -14,7 +16,7 @@ import torch.fx as fx
 from torch.distributed.tensor import DTensor
 
 from .. import _torch_compat as compat
-from .. import counters, meta, planner, progress, report
+from .. import counters, expand_layers, meta, planner, progress, report
 from ..config import Config, ConfigError
 from . import data
 from . import _dtensor_rules, choose, comm, emit, fsdp, mesh, strategy, tp_graph
@@ -310,9 +312,11 @@ def graph_params(gm: fx.GraphModule, example_inputs: list) -> tuple[dict[int, st
 
 def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], params: dict,
                config: Config, candidates: list, prefer_data_parallel: bool = False,
-               analysis=None) -> ParallelPlan:
+               analysis=None, layout: Callable[[int], strategy.TPLayout] | None = None) -> ParallelPlan:
     """The plan for one captured graph among `candidates` meshes (no process group needed); `analysis`:
-    the graph's unplanned analysis, if its capture was made (else captured here, `analyze_only`).
+    the graph's unplanned analysis, if its capture was made (else captured here, `analyze_only`). `names`:
+    the analysis's joint graph's input position -> parameter name; `layout`: the tp layout for a tp size, where
+    the joint is not the graph's own (else read off `gm`, whose input positions are the joint's).
 
     With `prefer_data_parallel` (the automatic plan), data parallelism is taken wherever it fits the
     budget (with rematerialization if need be), and sharded meshes are weighed only where it does not.
@@ -351,7 +355,8 @@ def plan_graph(gm: fx.GraphModule, example_inputs: list, names: dict[int, str], 
         else:
             replicated_ops = tuple(fixed)
             replicated_bytes = sum(_input_bytes(n) for name in fixed for n in missing[name])
-    tp_layout = lambda size: dataclasses.replace(strategy.tp_layout(gm, names, size),  # noqa: E731
+    layout = layout or (lambda size: strategy.tp_layout(gm, names, size))
+    tp_layout = lambda size: dataclasses.replace(layout(size),  # noqa: E731
                                                  replicated_ops=replicated_ops, replicated_bytes=replicated_bytes)
     link = comm.resolve(config.comm, analysis.device.name)
     budget = planner.resolve_budget(config.memory_budget, analysis.device.memory_bytes)
@@ -388,22 +393,73 @@ class _Planned(Exception):
     pass
 
 
+NOT_EXPANDED = counters.counter("explain: models traced whole, their layers not expanded")
+
+
 def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, world: int,
-               kwargs: dict | None = None) -> ParallelPlan:
+               kwargs: dict | None = None, expand: bool = True) -> ParallelPlan:
     """The plan colauto would run for `model` on `world` devices, from this one process: no process
-    group, no kernel, nothing sharded (explain's distributed form)."""
+    group, no kernel, nothing sharded (explain's distributed form).
+
+    With `expand`, a model whose repeated layer list is longer than expand_layers.K is traced with K of its
+    layers, and its joint graph expanded to all of them before it is costed: a Llama-3-8B traces 4 layers, not
+    32. A model whose layers cannot be shown alike (expand_layers.expandable, .grow) is traced whole, counted in
+    NOT_EXPANDED and said on stderr."""
+    lengths, why = expand_layers.expandable(model) if expand else ({}, None)
+    if lengths:
+        try:
+            return _plan_traced(model, example_inputs, config, world, kwargs, lengths)
+        except expand_layers.Refused as exc:
+            why = str(exc)
+    if why is not None and expand:
+        NOT_EXPANDED[why] += 1
+        if lengths:      # a model with no repeated list has nothing to expand: no line
+            print(f"colauto explain: tracing every layer (slower), its layers cannot be expanded: {why}",
+                  file=sys.stderr, flush=True)
+    return _plan_traced(model, example_inputs, config, world, kwargs, {})
+
+
+def _plan_traced(model: torch.nn.Module, example_inputs: tuple, config: Config, world: int, kwargs: dict | None,
+                 lengths: dict[str, int]) -> ParallelPlan:
+    """`plan_model`, tracing expand_layers.K layers of each list of `lengths` (list -> layers) and expanding the
+    joint graph to them, or (empty) tracing the whole model."""
     plans: list[ParallelPlan] = []
+    whole = dict(model.named_parameters(remove_duplicate=False))    # before the lists are cut; tied ones by each name
 
     def backend(gm, inputs):
         names, params = graph_params(gm, inputs)
         progress.say(f"captured: {sum(1 for _ in gm.graph.nodes)} graph nodes, {len(params)} parameters")
-        plans.append(plan_graph(gm, inputs, names, params, config, mesh.candidates(config.mesh, world)))
+        candidates = mesh.candidates(config.mesh, world)
+        if not lengths:
+            plans.append(plan_graph(gm, inputs, names, params, config, candidates))
+            raise _Planned()
+        grown: list[expand_layers.Grown] = []
+
+        def grow(joint, static):
+            joint, static, g = expand_layers.grow(joint, static, names, lengths)
+            grown.append(g)
+            progress.say(f"expanded the joint graph to {', '.join(f'{n} layers of {p}' for p, n in lengths.items())}")
+            return joint, static
+        progress.say("costing the joint forward+backward graph (AOTAutograd, cost model, rematerialization)")
+        from ..backend import analyze_only   # local import: the backend imports this module
+        with torch.enable_grad():
+            analysis = analyze_only(config, gm, inputs, grow)
+        g = grown[0]
+        params = {name: whole[name] for name in g.names.values() if name in whole}
+        plan = plan_graph(gm, inputs, g.names, params, config, candidates, analysis=analysis,
+                          layout=lambda size: strategy.tp_layout(gm, names, size).expanded(g.rename))
+        plans.append(dataclasses.replace(plan, predicted=plan.predicted | {"traced_layers": {
+            p: [expand_layers.K, n] for p, n in lengths.items()}}))
         raise _Planned()
     on_meta = meta.on_meta(*example_inputs, *(kwargs or {}).values(), next(model.parameters(), None))
-    progress.say("capturing the training step (Dynamo)")
+    progress.say("capturing the training step (Dynamo)" + "".join(
+        f", {expand_layers.K} of the {n} layers of {p}" for p, n in lengths.items()))
+    cut = expand_layers.truncated(model, expand_layers.K) if lengths else contextlib.nullcontext()
     try:
         # a meta model: attention as a GPU runs it; the collector paused over Dynamo's trace too
-        with meta.gpu_attention(on_meta), planner.gc_off(), compat.sizes_forgotten(static=True):
+        # HF's loss logs a warning the first time a model computes it: a no-op to Dynamo, as in profile()
+        with cut, meta.gpu_attention(on_meta), planner.gc_off(), compat.sizes_forgotten(static=True), \
+                compat.logging_ignored():
             torch.compile(model, backend=backend, fullgraph=True)(*example_inputs, **(kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - unwrap Dynamo's wrapper, re-raise anything else
         inner = compat.unwrap_backend_error(exc)

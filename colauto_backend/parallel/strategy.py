@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Callable
 
 import torch
 import torch.fx as fx
@@ -54,6 +55,24 @@ class TPLayout:
     # a step, at the rank's sizes); set by the caller, which reads them off the joint aten graph
     replicated_ops: tuple[str, ...] = ()
     replicated_bytes: int = 0
+
+    def expanded(self, rename: Callable[[str], list[str]]) -> "TPLayout":
+        """The layout of the model whose layers `rename` names (a name of this graph's model -> its names in the
+        other: explain's layer expansion, expand_layers.Grown.rename); a layer with several names is repeated.
+        The node lists stay this graph's."""
+        extra = lambda g: len(rename(g)) - 1    # noqa: E731 - copies a layer gets
+        held = self.gathered_fraction * self.total_bytes + sum(
+            extra(g) * (sum(io.col_bytes) + sum(io.gathered_bytes)) for g, io in self.layers.items())
+        total = self.total_bytes + sum(extra(g) * io.total_bytes for g, io in self.layers.items())
+        return dataclasses.replace(
+            self, roles={n: r for f, r in self.roles.items() for n in rename(f)},
+            modules={n: r for m, r in self.modules.items() for n in rename(m)},
+            gathered_fraction=held / total if total else 0.0,
+            indivisible=[n for w in self.indivisible for n in rename(w)],
+            layers={n: dataclasses.replace(io) for g, io in self.layers.items() for n in rename(g)},
+            module_groups={n: group for m, g in self.module_groups.items()
+                           for n, group in zip(rename(m), _padded(rename(g), len(rename(m))))},
+            total_bytes=total, order=[n for g in self.order for n in rename(g)])
 
     def movable(self) -> set[str]:
         """Layers whose activations a plan may place: modules that made nodes of the graph (emission
@@ -139,6 +158,11 @@ def tp_layout(gm: fx.GraphModule, names: dict[int, str], size: int) -> TPLayout:
     order = _sizes(gm, set(param_of), per)
     return TPLayout(roles, calls, rows, col_inputs, gathered, held / total if total else 0.0, indivisible,
                     per, module_groups, total, order)
+
+
+def _padded(names: list[str], n: int) -> list[str]:
+    """`names` to length n, its last repeated (a module in a cloned layer whose weight's layer is not cloned)."""
+    return names + names[-1:] * (n - len(names))
 
 
 @functools.lru_cache(maxsize=None)
