@@ -106,7 +106,7 @@ def differing(layers: torch.nn.ModuleList, first: int = MIDDLE) -> str | None:
                 if not k.startswith("_") and (isinstance(v, _PLAIN) or
                                               (isinstance(v, tuple) and all(isinstance(x, _PLAIN) for x in v)))}
     rows = {i: plain(layers[i]) for i in range(first, len(layers))}
-    for key in {k for row in rows.values() for k in row}:
+    for key in dict.fromkeys(k for row in rows.values() for k in row):     # in module order
         values = {i: row.get(key, "(absent)") for i, row in rows.items()}
         if len(set(map(repr, values.values()))) == 1:
             continue
@@ -123,11 +123,8 @@ def expandable(model: torch.nn.Module) -> tuple[dict[str, int], str | None]:
     lists = repeated_lists(model, K + 1)
     if not lists:
         return {}, f"no repeated ModuleList of more than {K} layers"
-    for name, layers in lists:
-        why = differing(layers)
-        if why:
-            return {}, f"{name}: {why}"
-    return {name: len(layers) for name, layers in lists}, None
+    whys = (f"{name}: {why}" for name, layers in lists if (why := differing(layers)))
+    return {name: len(layers) for name, layers in lists}, next(whys, None)
 
 
 @dataclasses.dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -250,3 +251,104 @@ def test_layers_of_one_class_whose_ops_alternate_are_refused():
                     X.expand(cut.joint, N, middle=middle)
             else:
                 assert X.expand(cut.joint, N, middle=middle).added == N - K
+
+
+# -- explain: planned from the expanded joint graph (parallel/entry.plan_model) ------------------------
+FIGURES = ("step_time_s", "compute_s", "comm_s", "recompute_s", "optimizer_s", "memory_bytes", "state_bytes")
+
+
+def assert_same_plan(got, whole) -> None:
+    """The same mesh, placements and per-layer choices, and every candidate mesh's predicted figures."""
+    assert (got.mesh_str, got.storage, got.compute, got.layer_places) == (
+        whole.mesh_str, whole.storage, whole.compute, whole.layer_places)
+    rows = lambda plan: [(c["mesh"], *(pytest.approx(c[k], rel=1e-9) for k in FIGURES))  # noqa: E731
+                         for c in plan.predicted["candidates"]]
+    assert [(c["mesh"], *(c[k] for k in FIGURES)) for c in got.predicted["candidates"]] == rows(whole)
+
+
+@pytest.mark.parametrize("name", ["llama", "t5"])
+def test_explain_on_eight_devices_plans_from_k_traced_layers_what_it_plans_from_all(name):
+    """colauto_backend.explain traces 4 of the 6 layers (T5: of each of its two lists, its embedding tied to the
+    head) and expands the joint graph; the reference traces all 6 (plan_model(expand=False))."""
+    import colauto_backend
+    from colauto_backend import report
+    from colauto_backend.parallel import entry
+    model, batch = hf_model(name, N)
+    torch._dynamo.reset()
+    got = colauto_backend.explain(model, mesh="auto", devices=8, kwargs=batch)
+    lists = {"llama": ["model.layers"], "t5": ["encoder.block", "decoder.block"]}[name]
+    assert got.predicted["traced_layers"] == {p: [K, N] for p in lists}
+    assert len(got.storage) == len(dict(model.named_parameters()))    # every layer's parameters placed
+    torch._dynamo.reset()
+    whole = entry.plan_model(model, (), cfg.load({"mesh": "auto"}), 8, batch, expand=False)
+    assert "traced_layers" not in whole.predicted
+    assert_same_plan(got, whole)
+    text = report.render_parallel(got.to_json())
+    assert f"traced {K} of the {N} layers of {lists[0]}" in text
+
+
+def test_explain_traces_gemma3s_alternating_layers_whole_and_says_so(capsys):
+    """Gemma 3's layers keep their attention type (sliding or full) as an attribute: refused before tracing, counted."""
+    import colauto_backend
+    from colauto_backend.parallel import entry
+    model, batch = hf_model("gemma3", N)
+    before = dict(entry.NOT_EXPANDED)
+    torch._dynamo.reset()
+    plan = colauto_backend.explain(model, mesh="auto", devices=2, kwargs=batch)
+    assert "traced_layers" not in plan.predicted
+    new = [why for why, n in entry.NOT_EXPANDED.items() if n > before.get(why, 0)]
+    assert len(new) == 1 and re.fullmatch(r"model\.layers: layer 2's \S+ is '?\w+'? where layer 1's is '?\w+'?", new[0]), new
+    assert f"tracing every layer (slower), its layers cannot be expanded: {new[0]}" in capsys.readouterr().err
+
+
+class ByIndex(torch.nn.Module):
+    """A layer whose ops follow its index's parity: nothing but the index (expected to differ) tells them apart."""
+    def __init__(self, index: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+        self.layer_idx = index
+
+    def forward(self, x):
+        y = self.lin(x)
+        return x + (torch.tanh(y) if self.layer_idx % 2 else torch.relu(y))
+
+
+class IndexStack(torch.nn.Module):
+    def __init__(self, layers: int):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(ByIndex(i) for i in range(layers))
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).sum()
+
+
+def test_explain_traces_whole_the_layers_whose_graphs_differ(capsys):
+    """Layers alike in their attributes but not in their graphs: the expansion is refused after the 4-layer trace,
+    and the model is traced again whole (the plan of all 6 layers), counted and said."""
+    import colauto_backend
+    from colauto_backend.parallel import entry
+    torch.manual_seed(0)
+    model = IndexStack(N)
+    assert X.differing(model.layers) is None
+    before = dict(entry.NOT_EXPANDED)
+    torch._dynamo.reset()
+    plan = colauto_backend.explain(model, torch.randn(2, 8, 16), mesh="auto", devices=2)
+    assert "traced_layers" not in plan.predicted
+    assert len(plan.storage) == 2 * N + 2
+    new = [why for why, n in entry.NOT_EXPANDED.items() if n > before.get(why, 0)]
+    assert len(new) == 1 and new[0].startswith("layers: layers 1 and 2 differ"), new
+    assert "its layers cannot be expanded: layers: layers 1 and 2 differ" in capsys.readouterr().err
+
+
+def test_attributes_that_differ_between_layers_are_found_but_not_the_layers_own_index():
+    model = IndexStack(N)
+    assert X.differing(model.layers) is None
+    model.layers[3].lin.kind = "wide"
+    assert X.differing(model.layers) == "layer 3's lin.kind is 'wide' where layer 1's is '(absent)'"
+    assert X.renamed("layers.3.lin.weight", "layers", 1, 2) == ["layers.5.lin.weight"]
+    assert X.renamed("layers.1.lin", "layers", 1, 2) == ["layers.1.lin", "layers.2.lin", "layers.3.lin"]
+    assert X.renamed("layers.0.lin", "layers", 1, 2) == ["layers.0.lin"]
+    assert X.renamed("head.weight", "layers", 1, 2) == ["head.weight"]

@@ -406,7 +406,7 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
     32. A model whose layers cannot be shown alike (expand_layers.expandable, .grow) is traced whole, counted in
     NOT_EXPANDED and said on stderr."""
     lengths, why = expand_layers.expandable(model) if expand else ({}, None)
-    if lengths:
+    if lengths and why is None:
         try:
             return _plan_traced(model, example_inputs, config, world, kwargs, lengths)
         except expand_layers.Refused as exc:
