@@ -9,6 +9,7 @@ import functools
 import hashlib
 import inspect
 import itertools
+import math
 import operator
 import re
 from typing import Collection, Any, Callable, Sequence
@@ -474,8 +475,9 @@ def wrapper_allocations(sink: list):
     (in place, or a freed buffer of the same key) is nothing; `del` of a graph input is (0, its
     placeholder's name, that name): whether its storage dies is the caller's to know; an input the graph
     returns as a copy of its own (`returned_copies`) is (+bytes, `memory.RETURNED_COPY` + the input's
-    name, the copy) after the last line, which the replay of this graph skips. The
-    allocator's own work space inside extern kernels is not seen. Replaces
+    name, the copy) after the last line, which the replay of this graph skips. An extern kernel's own
+    buffers where the memory model knows them (`memory.op_workspace`) are allocated after its outputs and
+    freed at once. Replaces
     `PythonWrapperCodegen.memory_plan_reuse` (torch 2.11-2.13) for the compile."""
     from torch._inductor.codegen import wrapper
     original = wrapper.PythonWrapperCodegen.memory_plan_reuse
@@ -495,6 +497,8 @@ def wrapper_allocations(sink: list):
 
 def _allocations(code) -> list[tuple[int, str, str]]:
     from torch._inductor import ir
+
+    from .cost.memory import RETURNED_COPY, op_workspace
     from torch._inductor.codegen import wrapper
     from torch._inductor.utils import get_dtype_size
     from torch._inductor.virtualized import V
@@ -520,6 +524,12 @@ def _allocations(code) -> list[tuple[int, str, str]]:
         if isinstance(line, (wrapper.AllocateLine, wrapper.ExternKernelAllocLine)):
             events.append(((i, i), (nbytes(line.node), "", named(line.node))))
             at[line.node.get_name()] = i
+            # the kernel's graph node is among its origins (a fallback kernel has no `origin_node`)
+            scratch = max((op_workspace(o) for o in getattr(line.node, "origins", ())), default=0) if isinstance(
+                line, wrapper.ExternKernelAllocLine) else 0
+            if scratch:     # the kernel's own buffers, after its outputs (a multi-output's too), until it returns
+                name = "workspace of " + named(line.node)
+                events += [((i, math.inf), (scratch, "", name)), ((i, math.inf), (-scratch, "", name))]
         elif isinstance(line, wrapper.MultiOutputLine):
             buf = V.graph.get_buffer(line.result_name)
             events.append(((at.get(line.arg_name, i), i), (nbytes(buf), "", named(buf))))
@@ -531,7 +541,6 @@ def _allocations(code) -> list[tuple[int, str, str]]:
     # and weight out channels-last in copies, and a saved input is returned as its copy (HF ViT's pixels and
     # patch weight on CPU, 2026-12-07: 144 KiB the backward's peak missed, 8% of it). The copy outlives the
     # graph, held by the next graph's input of that name.
-    from .cost.memory import RETURNED_COPY
     end = len(code.lines)
     for name, buf in returned_copies():
         events.append(((end, end), (nbytes(buf), RETURNED_COPY + name, named(buf))))

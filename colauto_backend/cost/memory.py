@@ -429,7 +429,10 @@ class _Sim:
         self._released = released
         for n in nodes:
             stor[n] = self._outputs(n, stor, held)
+            scratch = op_workspace(n)     # the op's own buffers, beside its outputs until it returns
+            scratch = [self.new(sym(scratch))] if scratch else []
             self.record_node(tag, n)
+            self._release(scratch)
             if n not in last_use:            # computed but unused: freed at once
                 self._release(stor[n])
             for a in released.get(n, ()):
@@ -556,6 +559,58 @@ def _node_storage(n: fx.Node) -> tuple[bool, list[Expr]]:
             r.alias_info is not None for r in op._schema.returns))
         got = _STORAGE[n] = (aliases, [storage_nbytes(t) for t in tensors_in(n.meta.get("val"))])
     return got
+
+
+def _flash_cpu_splits(q_len: int, kv_len: int) -> tuple[int, int]:
+    """The query and key blocks ATen's CPU flash attention works in (FlashAttentionKernel.cpp, torch 2.11-2.13)."""
+    q_split = 256 if q_len >= 768 else 64 if q_len >= 192 else 32
+    return min(q_split, q_len), min(512, kv_len)
+
+
+def op_workspace(n: fx.Node) -> int:
+    """Bytes an op allocates for itself and frees before it returns, beside its outputs; 0 where none is
+    known. ATen's CPU flash attention, fp32 (FlashAttentionKernel.cpp; each term measured exactly on the CPU
+    allocator over shapes, layouts, 1 and 2 threads, with and without a mask: tests/test_memory.py). The
+    forward holds per thread a query block's scores against a key block, its running max and sum, and its
+    output block. The backward holds per thread the block's scores and their gradient, and a copy of the
+    output's gradient where that is not laid out (batch, query, head, dim). Other dtypes, and GPU attention
+    kernels' workspaces, are not modelled (the README's limits)."""
+    if n.target not in _FLASH_CPU:
+        return 0
+    backward = n.target is _FLASH_CPU[1]
+    q, k = (n.args[1], n.args[2]) if backward else (n.args[0], n.args[1])
+    qv, kv = q.meta.get("val"), k.meta.get("val")
+    if not (isinstance(qv, torch.Tensor) and isinstance(kv, torch.Tensor)) or qv.dtype != torch.float32:
+        return 0
+    from .._torch_compat import example_int
+    q_len, head = example_int(qv.shape[-2]), example_int(qv.shape[-1])
+    q_split, kv_split = _flash_cpu_splits(q_len, example_int(kv.shape[-2]))
+    threads = torch.get_num_threads()
+    if not backward:
+        return 4 * threads * (q_split * kv_split + 2 * q_split + q_split * head)
+    grad = n.args[0].meta.get("val")
+    copied = 0
+    if isinstance(grad, torch.Tensor) and grad.dim() == 4:
+        shape = [example_int(d) for d in grad.shape]
+        strides = [example_int(d) for d in grad.stride()]
+        order = (0, 2, 1, 3)    # (batch, query, head, dim): the layout the kernel reads
+        if not _dense([shape[i] for i in order], [strides[i] for i in order]):
+            copied = math.prod(shape) * grad.element_size()
+    return 4 * (threads * 2 * q_split * kv_split + q_split) + copied
+
+
+def _dense(shape: list[int], strides: list[int]) -> bool:
+    """Whether a tensor of `shape` and `strides` is contiguous (dims of size 1 ignored)."""
+    expected = 1
+    for size, stride in reversed(list(zip(shape, strides))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+_FLASH_CPU = tuple(getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"))
 
 
 def _nth_tensor_storage(parent: fx.Node, idx: int, sids: list[int]) -> int | None:
