@@ -35,9 +35,6 @@ def measured_step(model, batch: dict, options: dict, drop_outputs: bool = False)
     """(measured peak bytes of the third step, the planned analyses of its compile). `drop_outputs`: the
     step keeps only the loss (`loss = model(**batch).loss`), not the model's output until after the
     optimizer step."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
     from colauto_backend import backend as backend_mod
     torch._dynamo.reset()
     backend_mod.ANALYSES.clear()
@@ -61,8 +58,18 @@ def measured_step(model, batch: dict, options: dict, drop_outputs: bool = False)
     step()
     held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers(), *batch.values()]
                + [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)])
+    peak, _, _ = allocated(step)
+    return held + peak, [a for a in backend_mod.ANALYSES if a.planner is not None]
+
+
+def allocated(fn) -> tuple[int, int, object]:
+    """(the most bytes the CPU allocator had out at once while `fn()` ran, the bytes still out when it returned,
+    both counted from its start; its result), replayed from the allocator's own events (torch.profiler with
+    profile_memory)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
+        result = fn()
     events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
@@ -73,7 +80,7 @@ def measured_step(model, batch: dict, options: dict, drop_outputs: bool = False)
     for _, delta in sorted(events):
         live += delta
         peak = max(peak, live)
-    return held + peak, [a for a in backend_mod.ANALYSES if a.planner is not None]
+    return peak, live, result
 
 
 def graph_break(model: torch.nn.Module, where: str) -> None:

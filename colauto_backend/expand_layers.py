@@ -1,4 +1,4 @@
-"""Proof of concept: trace K decoder layers, then expand the AOT joint graph to N layers.
+"""Trace K decoder layers, then expand the AOT joint graph to N layers (explain on several devices).
 
 A transformer's joint (forward + backward) graph is, for its repeated `nn.ModuleList`, the same layer
 segment again and again. Tracing all N layers costs Dynamo and AOTAutograd time proportional to N
@@ -24,8 +24,11 @@ differ (ops, or the shared values they read: Gemma 3's alternating sliding and f
 ValueError; a pattern longer than the K captured layers (real Gemma 3's five sliding layers to one full) cannot
 be seen in them, and the caller must not expand such a model.
 
-Plain functions and dataclasses. Nothing in the backend calls this module yet: it is a proof of concept,
-checked by tests/test_expand_layers.py against the real N-layer capture and eager PyTorch.
+`expandable(model)` refuses, before tracing, a list whose layers differ in a plain attribute other than their own
+index (Gemma 2 and 3's `layer_type`); `grow` (the hook `parallel/entry.plan_model` hands the backend's partition)
+expands every list and refuses (`Refused`) where the traced layers differ. Plain functions and dataclasses,
+checked by tests/test_expand_layers.py against the real N-layer capture, eager PyTorch and the plan of a whole
+trace.
 """
 from __future__ import annotations
 

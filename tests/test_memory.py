@@ -695,21 +695,9 @@ def _flash_node(target, args) -> torch.fx.Node:
 
 def _own_bytes(fn) -> tuple[int, object]:
     """(the most an op held beyond what it returned, its result), from the CPU allocator's events."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.tag == _EventType.Allocation:
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))
-        stack.extend(node.children)
-    live = peak = 0
-    for _, delta in sorted(events):
-        live += delta
-        peak = max(peak, live)
-    return peak - live, out
+    from bench import cpu_peak
+    peak, live, result = cpu_peak.allocated(fn)
+    return peak - live, result
 
 
 @pytest.mark.parametrize("threads", [1, 2])
