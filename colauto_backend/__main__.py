@@ -12,6 +12,9 @@ examples/hf_zoo.py, e.g. hf:qwen2:bench, hf:llama:8b). The model is built on the
 allocated, so any size can be planned on any machine. Without --mesh or --devices it prints the
 single-device rematerialization plan; with them, the parallel plan for that many devices (this machine
 need not have them). --batch is one rank's micro-batch. Progress goes to stderr, the plan to stdout.
+For the parallel plan, a model's repeated layer list is traced for 4 of its layers and the rest are copied in
+the joint graph (the plan says "traced 4 of the N layers"); a model whose layers can differ is traced whole,
+and stderr says why.
 """
 from __future__ import annotations
 
