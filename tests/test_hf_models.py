@@ -39,33 +39,48 @@ def assert_same(got, ref, atol):
 
 
 def compile_under_budget(model, batch, codegen, unplanned: int, held: int):
-    """Compiled with a budget below the unplanned peak: 90% of its activations and temporaries, or, where
-    no plan reaches that (BudgetError), halfway between the smallest peak a plan reaches and the unplanned.
-    Where a step under a budget is smaller than the unplanned one (COLAUTO_CHUNKED_LOSS=on computes the loss's
-    gradient in the forward), or a plan fits it by saving other values and recomputing none (HF ViT under
-    Inductor since the 2026-12-07 pricing), it may fit that budget with nothing recomputed: then the same
-    again from the peak it reached, so that the plan recomputes."""
-    ceiling = unplanned       # a budget the attempt's BudgetError may fall back to (halfway below it)
-    for attempt in range(2):
-        budget = int(held + 0.9 * (unplanned - held))
-        try:
-            compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
-            compiled(**batch)     # plans (and runs a step, whose gradients the caller discards)
-        except colauto_backend.BudgetError as error:
-            torch._dynamo.reset()
-            backend_mod.ANALYSES.clear()
-            # the least budget the compiled code holds includes its margin over the memory model, which can
-            # put it above the model's unplanned peak (ResNet in a full run: 636 KiB against 608): then that
-            # least budget itself (the caller checks that the plan recomputes)
-            budget = (error.smallest_bytes + ceiling) // 2 if error.smallest_bytes < ceiling else error.smallest_bytes
-            compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
-            break
-        plans = [a.plan for a in backend_mod.ANALYSES if a.plan is not None]
-        if attempt or any(a.recomputed for a in backend_mod.ANALYSES) or not plans:
-            break
-        unplanned, ceiling = max(p.peak_with_bytes for p in plans), budget   # reached without recomputing; fits
+    """Compiled (and run forward once) with a budget below the unplanned peak: 90% of its activations and
+    temporaries, or, where no plan reaches that (BudgetError), halfway between the smallest peak a plan reaches
+    and the unplanned. Where a step under a budget is smaller than the unplanned one (COLAUTO_CHUNKED_LOSS=on
+    computes the loss's gradient in the forward), or a plan fits it by saving other values and recomputing none
+    (HF ViT under Inductor since the 2026-12-07 pricing), it may fit that budget with nothing recomputed: then
+    the same again from the peak it reached. Where that still recomputes nothing, or a budget cannot be held
+    (the compiled code over the model's least plan: ResNet with Inductor's cache cold), the least budget a
+    BudgetError names, whose least plan recomputes. Which of these a model takes depends on whether Inductor's
+    on-disk cache holds its graphs (a backward taken from the cache is not read), so all are followed."""
+    def attempt(budget: int):
         torch._dynamo.reset()
         backend_mod.ANALYSES.clear()
+        compiled = torch.compile(model, backend="colauto", options={"codegen": codegen, "memory_budget": budget})
+        compiled(**batch)     # plans (and runs a forward, whose graph the caller discards)
+        return compiled
+
+    def recomputes() -> bool:
+        return any(a.recomputed for a in backend_mod.ANALYSES)
+
+    budget = int(held + 0.9 * (unplanned - held))
+    try:
+        compiled = attempt(budget)
+        plans = [a.plan for a in backend_mod.ANALYSES if a.plan is not None]
+        if plans and not recomputes():    # reached without recomputing; fits: again from the peak it reached
+            reached = max(p.peak_with_bytes for p in plans)
+            budget = int(held + 0.9 * (reached - held))
+            compiled = attempt(budget)
+    except colauto_backend.BudgetError as error:
+        # the least budget the compiled code holds includes its margin over the memory model, which can put it
+        # above the model's unplanned peak (ResNet in a full run: 636 KiB against 608): then that least budget
+        budget = (error.smallest_bytes + unplanned) // 2 if error.smallest_bytes < unplanned else error.smallest_bytes
+        try:
+            compiled = attempt(budget)
+        except colauto_backend.BudgetError as again:
+            budget = again.smallest_bytes
+            compiled = attempt(budget)
+    if not recomputes():
+        try:
+            attempt(held)     # below any plan: the BudgetError names the least budget
+        except colauto_backend.BudgetError as least:
+            budget = least.smallest_bytes
+            compiled = attempt(budget)
     model.zero_grad(set_to_none=True)
     return compiled, budget
 
