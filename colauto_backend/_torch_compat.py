@@ -497,11 +497,11 @@ def wrapper_allocations(sink: list):
 
 def _allocations(code) -> list[tuple[int, str, str]]:
     from torch._inductor import ir
-
-    from .cost.memory import RETURNED_COPY, op_workspace
     from torch._inductor.codegen import wrapper
     from torch._inductor.utils import get_dtype_size
     from torch._inductor.virtualized import V
+
+    from .cost.memory import RETURNED_COPY, op_workspace
     sizevars = V.graph.sizevars
     hint = getattr(sizevars, "optimization_hint", None) or sizevars.size_hint
 
