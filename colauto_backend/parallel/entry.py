@@ -411,7 +411,7 @@ def plan_model(model: torch.nn.Module, example_inputs: tuple, config: Config, wo
             return _plan_traced(model, example_inputs, config, world, kwargs, lengths)
         except expand_layers.Refused as exc:
             why = str(exc)
-    if why is not None and expand:
+    if why is not None:
         NOT_EXPANDED[why] += 1
         if lengths:      # a model with no repeated list has nothing to expand: no line
             print(f"colauto explain: tracing every layer (slower), its layers cannot be expanded: {why}",

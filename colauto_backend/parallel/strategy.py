@@ -71,7 +71,7 @@ class TPLayout:
             indivisible=[n for w in self.indivisible for n in rename(w)],
             layers={n: dataclasses.replace(io) for g, io in self.layers.items() for n in rename(g)},
             module_groups={n: group for m, g in self.module_groups.items()
-                           for n, group in zip(rename(m), _padded(rename(g), len(rename(m))))},
+                           for names in [rename(m)] for n, group in zip(names, _padded(rename(g), len(names)))},
             total_bytes=total, order=[n for g in self.order for n in rename(g)])
 
     def movable(self) -> set[str]:
